@@ -1,0 +1,107 @@
+"""Saving and restoring the stateful parts of training: weights, optimizer (DCP), RNG per rank."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+OPTIMIZER_DIR = "optimizer"
+SCHEDULER_FILE = "scheduler.pt"
+SCALER_FILE = "scaler.pt"
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def rng_file(rank: int) -> str:
+    return f"rng_state_{rank}.pth"
+
+
+def full_model_state_dict(wrapped: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded state dict on CPU, on rank 0 (other ranks get an empty dict). Collective."""
+    if not dist.is_initialized():
+        module = wrapped.module if isinstance(wrapped, nn.parallel.DistributedDataParallel) else wrapped
+        return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state: dict[str, Any] = get_model_state_dict(wrapped, options=options)
+    return state if dist.get_rank() == 0 else {}
+
+
+def load_full_model_state_dict(wrapped: nn.Module, state: dict[str, torch.Tensor], strict: bool) -> None:
+    """Load an unsharded state dict (present on every rank) into the wrapped model. Collective."""
+    if not dist.is_initialized():
+        module = wrapped.module if isinstance(wrapped, nn.parallel.DistributedDataParallel) else wrapped
+        _check_keys(module.load_state_dict(state, strict=False), strict)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    result = set_model_state_dict(
+        wrapped, dict(state), options=StateDictOptions(full_state_dict=True, strict=False)
+    )
+    _check_keys(result, strict)
+
+
+def _check_keys(result: Any, strict: bool) -> None:
+    missing = list(getattr(result, "missing_keys", []))
+    unexpected = list(getattr(result, "unexpected_keys", []))
+    if unexpected or (strict and missing):
+        raise ValueError(
+            f"checkpoint weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+
+
+def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("model*.safetensors"))
+    if not files:
+        raise ValueError(f"{path} holds no model*.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return state
+
+
+def save_optimizer(wrapped: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+    """Sharded optimizer state through DCP: every rank writes its own shard. Collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(wrapped, optimizer)
+    dcp.save({"optimizer": state}, checkpoint_id=str(directory))
+
+
+def load_optimizer(wrapped: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    # get_optimizer_state_dict creates the state tensors (a zero-lr step) that DCP loads into.
+    state = {"optimizer": get_optimizer_state_dict(wrapped, optimizer)}
+    dcp.load(state, checkpoint_id=str(directory))
+    set_optimizer_state_dict(wrapped, optimizer, state["optimizer"])
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

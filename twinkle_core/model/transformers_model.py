@@ -1,0 +1,657 @@
+"""TransformersModel: a transformers causal LM trained with DDP or FSDP2, with exact resume.
+
+Lifecycle: construct (validates every argument, loads or initialises the weights) -> optionally
+`add_adapter_to_model` -> `set_optimizer` (wraps the model for its strategy) -> `forward_backward`
++ `clip_grad_and_step` per micro-batch -> `save` / `resume_from_checkpoint`.
+
+Loss normalisation: each micro-batch contributes the *sum* of its token losses, so that N
+micro-batches of an accumulation window weigh every token equally, exactly like one batch N times
+larger. To keep gradient magnitudes those of a mean loss, the backward pass divides by the global
+token count of the window's first micro-batch; the optimizer step multiplies by
+first_count / window_count, which makes the gradient the token mean over the whole window and
+every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModelForCausalLM, PretrainedConfig
+
+from twinkle_core import checkpoint as ckpt
+from twinkle_core.hub import resolve_model_id
+from twinkle_core.mesh import DeviceMesh
+from twinkle_core.model import adapters, state_io
+from twinkle_core.model.distributed import DistInfo, all_reduce_, barrier, init_distributed
+from twinkle_core.model.loading import build_config, load_model, load_tokenizer, resolve_model_cls
+from twinkle_core.model.precision import (
+    autocast,
+    check_fp8_layers,
+    check_precision,
+    convert_to_fp8,
+    make_grad_scaler,
+)
+from twinkle_core.model.strategies import Strategy, make_strategy
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+_OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}
+_NON_MODEL_KEYS = frozenset({"labels", "num_tokens"})
+
+
+@dataclass
+class _Window:
+    """Bookkeeping of the current gradient-accumulation window on this rank."""
+
+    micro_batches: int = 0
+    loss_sum: float = 0.0
+    tokens: int = 0
+    scale_tokens: float = 1.0  # global tokens of the first micro-batch: the backward divisor
+    reduced: bool = False  # gradients already rescaled to the window's token mean
+    global_loss: float | None = None
+    global_tokens: int = 0
+    loss_tensor: torch.Tensor | None = None
+    loss_reduction: Any = None  # an in-flight all-reduce of loss_tensor
+    rng: dict[str, Any] | None = None  # this rank's RNG state when the window began (for `save`)
+
+
+def _start_all_reduce(tensor: torch.Tensor) -> Any:
+    """An asynchronous SUM all-reduce (None in a single process, where there is nothing to sum)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.all_reduce(tensor, async_op=True)
+    return None
+
+
+def _finish_loss(window: _Window) -> None:
+    if window.loss_tensor is None:
+        return
+    if window.loss_reduction is not None:
+        window.loss_reduction.wait()
+    window.global_loss = float(window.loss_tensor[0]) / max(float(window.global_tokens), 1.0)
+
+
+class TransformersModel:
+    def __init__(
+        self,
+        model_cls: Any = AutoModelForCausalLM,
+        model_id: str | None = None,
+        config: PretrainedConfig | dict[str, Any] | None = None,
+        device_mesh: DeviceMesh | None = None,
+        mixed_precision: str = "bf16",
+        strategy: str = "accelerate",
+        ddp_config: dict[str, Any] | None = None,
+        fsdp_config: dict[str, Any] | None = None,
+        grad_scaler_config: dict[str, Any] | None = None,
+        memory_efficient_init: bool = False,
+        remote_group: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.info: DistInfo = init_distributed()
+        check_precision(mixed_precision, self.info.device)
+        self.mixed_precision = mixed_precision
+        if remote_group is not None:
+            # The seed runs models in Ray actor groups; twinkle_core runs in-process under torchrun.
+            logger.warning("remote_group=%r ignored: TransformersModel runs in this process", remote_group)
+        if device_mesh is None:
+            device_mesh = DeviceMesh.from_sizes(world_size=self.info.world_size)
+        if not isinstance(device_mesh, DeviceMesh):
+            raise ValueError(
+                f"device_mesh must be a twinkle_core.DeviceMesh, got {type(device_mesh).__name__}"
+            )
+        device_mesh.check_world_size(self.info.world_size)
+        self.device_mesh = device_mesh
+        if not isinstance(memory_efficient_init, bool):
+            raise ValueError("memory_efficient_init must be a bool")
+        self.strategy: Strategy = make_strategy(
+            strategy, device_mesh, self.info, mixed_precision, ddp_config, fsdp_config, memory_efficient_init
+        )
+        self.grad_scaler = make_grad_scaler(
+            mixed_precision, grad_scaler_config, self.info.device, self.strategy.sharded
+        )
+        self.model_cls = resolve_model_cls(model_cls)
+        self.model_dir = self._resolve_model_dir(model_id)
+        self.config = build_config(config, self.model_dir)
+        on_meta = memory_efficient_init and not self.info.is_main
+        self.model: nn.Module = load_model(self.model_cls, self.model_dir, self.config, kwargs, on_meta)
+        if mixed_precision == "fp8":
+            check_fp8_layers(self.model)  # at construction: a model fp8 cannot speed up is an error
+        self.tokenizer: Any = load_tokenizer(self.model_dir)
+        self._wrapped: nn.Module | None = None
+        self.adapter_names: list[str] = []
+        self.train_adapter: str | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler: Any = None
+        self.cur_step = 0
+        self.gradient_accumulation_steps = 1
+        self._window = _Window()
+
+    # ----------------------------------------------------------------- construction helpers
+    def _resolve_model_dir(self, model_id: str | None) -> Path | None:
+        if model_id is None:
+            return None
+        if not isinstance(model_id, str) or not model_id:
+            raise ValueError(f"model_id must be a non-empty string, got {model_id!r}")
+        # One download per node: local rank 0 fetches into the cache, the others then find it there.
+        if self.info.local_rank == 0:
+            path = resolve_model_id(model_id)
+        barrier()
+        if self.info.local_rank != 0:
+            path = resolve_model_id(model_id)
+        if _looks_like_checkpoint(path) and not ckpt.is_complete(path):
+            raise ValueError(
+                f"model_id {model_id}: an incomplete checkpoint (no {ckpt.COMPLETE_MARKER} marker, or a "
+                "temporary .tmp-/.old- directory) is never loaded"
+            )
+        if (path / state_io.ADAPTER_WEIGHTS).exists() and not (path / "config.json").exists():
+            raise ValueError(
+                f"model_id {model_id} is a LoRA checkpoint: build the base model and call "
+                "resume_from_checkpoint on it"
+            )
+        return path
+
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        """The tokenizer saved into checkpoints (default: the one stored with `model_id`)."""
+        self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) else tokenizer
+
+    @property
+    def wrapped(self) -> nn.Module:
+        """The model as the strategy wraps it (DDP module, or the FSDP2-sharded model)."""
+        if self._wrapped is None:
+            if self.mixed_precision == "fp8":
+                convert_to_fp8(self.model)
+            if self.info.device.type != "cpu" and not self.strategy.sharded:
+                self.model.to(self.info.device)
+            self._wrapped = self.strategy.wrap(self.model)
+        return self._wrapped
+
+    # ----------------------------------------------------------------------------- adapters
+    def add_adapter_to_model(self, adapter_name: str, config: Any = None, **kwargs: Any) -> None:
+        """Add a LoRA adapter (peft `LoraConfig` or dict); several named adapters may coexist."""
+        if self._wrapped is not None:
+            raise ValueError("add_adapter_to_model must come before set_optimizer / forward")
+        if not isinstance(adapter_name, str) or not adapter_name:
+            raise ValueError("adapter_name must be a non-empty string")
+        self.model = adapters.add_adapter(self.model, adapter_name, adapters.lora_config(config, kwargs))
+        self.adapter_names.append(adapter_name)
+        self._select_adapter(adapter_name)
+
+    def _select_adapter(self, adapter_name: str | None) -> None:
+        if adapter_name is None:
+            return
+        if adapter_name not in self.adapter_names:
+            raise ValueError(f"adapter_name {adapter_name!r} is unknown (added: {self.adapter_names})")
+        if self._wrapped is not None and adapter_name != self.train_adapter:
+            raise ValueError(
+                f"adapter {self.train_adapter!r} is being trained; train adapter {adapter_name!r} in its "
+                "own TransformersModel (the wrapped model's trainable set is fixed)"
+            )
+        self.model.set_adapter(adapter_name)  # type: ignore[operator]
+        self.train_adapter = adapter_name
+
+    def _check_adapter(self, adapter_name: str | None) -> None:
+        if adapter_name is not None and adapter_name != self.train_adapter:
+            self._select_adapter(adapter_name)
+        if adapter_name is None and self.adapter_names and self.train_adapter is None:
+            raise ValueError("this model has adapters: pass adapter_name")
+
+    # ----------------------------------------------------------------- optimizer, scheduler
+    def set_optimizer(
+        self, optimizer_cls_or_name: Any = "adamw", adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
+        self._check_adapter(adapter_name)
+        optimizer_cls = _resolve_optimizer(optimizer_cls_or_name)
+        params = [p for p in self.wrapped.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the model has no trainable parameters")
+        try:
+            self.optimizer = optimizer_cls(params, **kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"optimizer arguments: {exc}") from exc
+
+    def set_lr_scheduler(
+        self, scheduler_cls_or_name: Any = "constant", adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
+        """A transformers schedule name (`linear`, `cosine`, ..., keyword arguments of
+        `transformers.get_scheduler`) or a torch LRScheduler class (its own keywords)."""
+        self._check_adapter(adapter_name)
+        if self.optimizer is None:
+            raise ValueError("set_optimizer must come before set_lr_scheduler")
+        try:
+            if isinstance(scheduler_cls_or_name, str):
+                from transformers import get_scheduler
+                from transformers.trainer_utils import SchedulerType
+
+                names = {s.value for s in SchedulerType}
+                if scheduler_cls_or_name not in names:
+                    raise ValueError(f"unknown scheduler {scheduler_cls_or_name!r} (known: {sorted(names)})")
+                self.lr_scheduler = get_scheduler(scheduler_cls_or_name, optimizer=self.optimizer, **kwargs)
+            else:
+                self.lr_scheduler = scheduler_cls_or_name(self.optimizer, **kwargs)
+        except TypeError as exc:
+            raise ValueError(f"lr scheduler arguments: {exc}") from exc
+
+    def set_gradient_accumulation_steps(self, steps: int) -> None:
+        """Announce N up front, so the first window also skips gradient sync before its last micro-batch."""
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}")
+        self.gradient_accumulation_steps = steps
+
+    # --------------------------------------------------------------------------- forward
+    def _model_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(inputs, dict) or "input_ids" not in inputs:
+            raise ValueError("inputs must be a dict with at least input_ids")
+        device = self.info.device
+        return {
+            k: (v.to(device) if isinstance(v, torch.Tensor) else v)
+            for k, v in inputs.items()
+            if k not in _NON_MODEL_KEYS
+        }
+
+    def _token_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Sum of next-token cross entropies over labelled tokens, and how many there are."""
+        labels = labels.to(logits.device)
+        # Shift the labels, not the logits: slicing the logits would copy them (twice, with the
+        # backward pass); the padded last position is ignored.
+        shift_labels = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
+        loss_sum = F.cross_entropy(
+            logits.float().reshape(-1, logits.size(-1)),
+            shift_labels.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
+        return loss_sum, int((shift_labels != IGNORE_INDEX).sum())
+
+    def _autocast(self) -> contextlib.AbstractContextManager[None]:
+        if self.strategy.uses_autocast:
+            return autocast(self.mixed_precision, self.info.device)
+        return contextlib.nullcontext()
+
+    def forward(self, inputs: dict[str, Any], adapter_name: str | None = None) -> dict[str, Any]:
+        """Run the model; with `labels` also the mean token loss and the token count."""
+        self._check_adapter(adapter_name)
+        wrapped = self.wrapped
+        with self._autocast():
+            outputs = wrapped(**self._model_inputs(inputs))
+        result: dict[str, Any] = {"logits": outputs.logits}
+        if "labels" in inputs:
+            loss_sum, tokens = self._token_loss(outputs.logits, inputs["labels"])
+            result.update(loss=loss_sum / max(tokens, 1), loss_sum=loss_sum, num_tokens=tokens)
+        return result
+
+    def forward_backward(self, inputs: dict[str, Any], adapter_name: str | None = None) -> dict[str, Any]:
+        """Forward and backward one micro-batch; returns its mean token `loss` and `num_tokens`."""
+        self._check_adapter(adapter_name)
+        if "labels" not in inputs:
+            raise ValueError("forward_backward needs labels in inputs")
+        wrapped = self.wrapped
+        wrapped.train()
+        window = self._window
+        if window.reduced:
+            raise ValueError("forward_backward after clip_grad_norm: call step() to finish the window first")
+        labels = inputs["labels"]
+        local_tokens = int((labels[:, 1:] != IGNORE_INDEX).sum())
+        count_reduction = None
+        if window.micro_batches == 0:
+            # A checkpoint taken inside this window describes its start (see `save`).
+            window.rng = state_io.rng_state()
+            # The backward divisor must be the same number on every rank, so it is a global count.
+            # Its all-reduce runs in the background while the forward pass computes.
+            count = torch.tensor([float(local_tokens)], dtype=torch.float64, device=self.info.device)
+            count_reduction = _start_all_reduce(count)
+        last_in_window = window.micro_batches + 1 >= self.gradient_accumulation_steps
+        with self.strategy.no_sync(wrapped, sync=last_in_window):
+            with self._autocast():
+                outputs = wrapped(**self._model_inputs(inputs))
+            loss_sum, tokens = self._token_loss(outputs.logits, labels)
+            if window.micro_batches == 0:
+                if count_reduction is not None:
+                    count_reduction.wait()
+                window.scale_tokens = max(float(count.item()), 1.0)
+            # DDP / FSDP average gradients over the ranks; multiplying by world size makes it a sum.
+            scaled = loss_sum * (self.info.world_size / window.scale_tokens)
+            if self.grad_scaler is not None:
+                scaled = self.grad_scaler.scale(scaled)
+            scaled.backward()
+        window.micro_batches += 1
+        window.loss_sum += float(loss_sum.detach())
+        window.tokens += tokens
+        return {"loss": float(loss_sum.detach()) / max(tokens, 1), "num_tokens": tokens}
+
+    # -------------------------------------------------------------------------- stepping
+    def _trainable(self) -> list[nn.Parameter]:
+        return [p for p in self.wrapped.parameters() if p.requires_grad]
+
+    def _reduce_window(self) -> None:
+        """Rescale gradients from the first micro-batch's token count to the window's (once)."""
+        window = self._window
+        if window.reduced:
+            return
+        if self.optimizer is None:
+            raise ValueError("set_optimizer must come before stepping")
+        if window.micro_batches == 1:
+            # One micro-batch: its global token count is already known (the backward divisor), so
+            # the gradients need no rescaling and the loss for reporting is reduced in the
+            # background, overlapping the optimizer step (see _finish_loss).
+            total_tokens = window.scale_tokens
+            window.loss_tensor = torch.tensor([window.loss_sum], dtype=torch.float64, device=self.info.device)
+            window.loss_reduction = _start_all_reduce(window.loss_tensor)
+        else:
+            totals = torch.tensor(
+                [window.loss_sum, float(window.tokens)], dtype=torch.float64, device=self.info.device
+            )
+            all_reduce_(totals)
+            total_tokens = max(float(totals[1]), 1.0)
+            window.global_loss = float(totals[0]) / total_tokens
+        window.global_tokens = int(total_tokens)
+        if self.grad_scaler is not None:
+            self.grad_scaler.unscale_(self.optimizer)
+        factor = window.scale_tokens / max(total_tokens, 1.0)
+        if factor != 1.0:
+            for param in self._trainable():
+                if param.grad is not None:
+                    param.grad.mul_(factor)
+        window.reduced = True
+
+    def clip_grad_norm(self, max_grad_norm: float | None = 1.0, norm_type: float = 2.0) -> float:
+        """Clip to `max_grad_norm` (None: only measure); returns the total norm before clipping."""
+        self._reduce_window()
+        grads = [p.grad for p in self._trainable() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=norm_type)
+        if hasattr(norm, "full_tensor"):
+            # FSDP2: the norm of the shards is partial; one all-reduce makes it the global norm, and
+            # clipping with a plain number below needs no further collective.
+            norm = norm.full_tensor()
+        if max_grad_norm is not None:
+            # The same fp32 coefficient torch.nn.utils.clip_grad_norm_ computes (bitwise), as a scalar.
+            coefficient = torch.clamp(float(max_grad_norm) / (norm.float() + 1e-6), max=1.0)
+            if float(coefficient) < 1.0:
+                for grad in grads:
+                    grad.mul_(float(coefficient))
+        return float(norm)
+
+    def step(self) -> None:
+        """Optimizer step (through the grad scaler under fp16), then the scheduler; ends the window."""
+        self._reduce_window()
+        assert self.optimizer is not None
+        if self.grad_scaler is not None:
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        else:
+            self.optimizer.step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self.cur_step += 1
+
+    def zero_grad(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        self._window = _Window()
+
+    def clip_grad_and_step(
+        self,
+        max_grad_norm: float | None = 1.0,
+        norm_type: float = 2.0,
+        gradient_accumulation_steps: int = 1,
+        adapter_name: str | None = None,
+    ) -> dict[str, Any] | None:
+        """Call after every forward_backward: steps exactly once every N micro-batches.
+
+        Returns None inside a window; after a step, {'step', 'loss' (token mean over the window and
+        all ranks), 'grad_norm', 'lr', 'num_tokens'}.
+        """
+        self._check_adapter(adapter_name)
+        self.set_gradient_accumulation_steps(gradient_accumulation_steps)
+        if self._window.micro_batches < gradient_accumulation_steps:
+            return None
+        grad_norm = self.clip_grad_norm(max_grad_norm, norm_type)
+        window = self._window
+        lr = self.current_lr()
+        self.step()
+        self.zero_grad()
+        _finish_loss(window)
+        return {
+            "step": self.cur_step,
+            "loss": window.global_loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "num_tokens": window.global_tokens,
+        }
+
+    @property
+    def window_micro_batches(self) -> int:
+        """Micro-batches of the current, not yet stepped accumulation window."""
+        return self._window.micro_batches
+
+    def current_lr(self) -> float:
+        if self.optimizer is None:
+            return 0.0
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # ------------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def eval_loss_sums(self, inputs: dict[str, Any]) -> tuple[float, int]:
+        """(loss sum, token count) of one batch on this rank, in eval mode (the caller all-reduces)."""
+        wrapped = self.wrapped
+        was_training = wrapped.training
+        wrapped.eval()
+        try:
+            with self._autocast():
+                outputs = wrapped(**self._model_inputs(inputs))
+            loss_sum, tokens = self._token_loss(outputs.logits, inputs["labels"])
+        finally:
+            wrapped.train(was_training)
+        return float(loss_sum), tokens
+
+    # ------------------------------------------------------------------------ checkpoints
+    def save(
+        self,
+        name: str,
+        output_dir: str | Path = "output",
+        adapter_name: str | None = None,
+        save_optimizer: bool = False,
+        consumed_train_samples: int = 0,
+        trainer_state_extra: dict[str, Any] | None = None,
+    ) -> str:
+        """Write a checkpoint `<output_dir>/<name>` atomically (marker last); returns its path.
+
+        Every rank must call it. Weights are plain HF files (full model or the LoRA adapter) plus
+        the tokenizer; with `save_optimizer` also the sharded optimizer (DCP), scheduler, scaler,
+        per-rank RNG state. `trainer_state.json` records the progress.
+
+        A checkpoint always describes an optimizer-step boundary: called inside an accumulation
+        window it saves the RNG state of the window's start, and the window's gradients (which are
+        kept, training may go on) are not part of it, so a resume replays the whole window. Pass
+        the `consumed_train_samples` of that boundary.
+        """
+        self._check_adapter(adapter_name)
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"checkpoint name {name!r} must be a plain directory name")
+        if save_optimizer and self.optimizer is None:
+            raise ValueError("save_optimizer=True needs set_optimizer first")
+        final = Path(output_dir) / name
+        temp = ckpt.temp_dir_for(final)
+        if self.info.is_main:
+            import shutil
+
+            shutil.rmtree(temp, ignore_errors=True)
+            temp.mkdir(parents=True)
+        barrier()
+        self._save_weights(temp)
+        if save_optimizer:
+            assert self.optimizer is not None
+            state_io.save_optimizer(self.wrapped, self.optimizer, temp / state_io.OPTIMIZER_DIR)
+            window = self._window
+            rng = window.rng if window.micro_batches > 0 and window.rng is not None else state_io.rng_state()
+            torch.save(rng, temp / state_io.rng_file(self.info.rank))
+            if self.info.is_main:
+                if self.lr_scheduler is not None:
+                    torch.save(self.lr_scheduler.state_dict(), temp / state_io.SCHEDULER_FILE)
+                if self.grad_scaler is not None:
+                    torch.save(self.grad_scaler.state_dict(), temp / state_io.SCALER_FILE)
+        barrier()
+        if self.info.is_main:
+            state = {
+                "format_version": ckpt.TRAINER_STATE_FORMAT_VERSION,
+                "cur_step": self.cur_step,
+                "consumed_train_samples": int(consumed_train_samples),
+                "gradient_accumulation_steps": self.gradient_accumulation_steps,
+                "world_size": self.info.world_size,
+                "seed": torch.initial_seed(),
+                "strategy": self.strategy.name,
+                "mixed_precision": self.mixed_precision,
+                "adapter_name": self.train_adapter,
+                "has_optimizer": save_optimizer,
+                **(trainer_state_extra or {}),
+            }
+            (temp / ckpt.TRAINER_STATE_FILE).write_text(json.dumps(state, indent=2))
+            ckpt.finalize(temp, final)
+        barrier()
+        return str(final)
+
+    def _save_weights(self, directory: Path) -> None:
+        full_state = state_io.full_model_state_dict(self.wrapped)
+        if not self.info.is_main:
+            return
+        if self.train_adapter is not None:
+            mapping = adapters.adapter_key_map(self.model, self.train_adapter)
+            adapters.save_adapter(
+                self.model, self.train_adapter, adapters.adapter_state(full_state, mapping), directory
+            )
+        else:
+            self._base_model().save_pretrained(str(directory), state_dict=full_state)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(str(directory))
+
+    def _base_model(self) -> Any:
+        get_base = getattr(self.model, "get_base_model", None)
+        return get_base() if get_base is not None else self.model
+
+    def resume_from_checkpoint(
+        self, checkpoint_dir: str | Path, resume_only_model: bool = False, adapter_name: str | None = None
+    ) -> dict[str, int]:
+        """Restore weights (full or LoRA) and, unless `resume_only_model`, optimizer, scheduler,
+        scaler, RNG and step counters. Returns {'cur_step', 'consumed_train_samples',
+        'gradient_accumulation_steps'}."""
+        self._check_adapter(adapter_name)
+        path = Path(checkpoint_dir)
+        if not ckpt.is_complete(path):
+            raise ValueError(f"{path} is not a complete checkpoint (no {ckpt.COMPLETE_MARKER} marker)")
+        state = ckpt.read_trainer_state(path)
+        if not resume_only_model and state.get("world_size") != self.info.world_size:
+            raise ValueError(
+                f"checkpoint {path} was saved by {state.get('world_size')} ranks and this job has "
+                f"{self.info.world_size}: exact resume needs the same world size (per-rank RNG and data "
+                "order); use resume_only_model=True to start over from its weights"
+            )
+        self._load_weights(path)
+        progress = {
+            "cur_step": int(state["cur_step"]),
+            "consumed_train_samples": int(state["consumed_train_samples"]),
+            "gradient_accumulation_steps": int(state["gradient_accumulation_steps"]),
+        }
+        if resume_only_model:
+            return progress
+        if self.optimizer is None:
+            raise ValueError("set_optimizer (and set_lr_scheduler) must come before resume_from_checkpoint")
+        if not state.get("has_optimizer") or not (path / state_io.OPTIMIZER_DIR).is_dir():
+            raise ValueError(f"checkpoint {path} has no optimizer state (saved with save_optimizer=False)")
+        if progress["cur_step"] > 0:
+            # Before the first optimizer step (a stop inside the first window) the saved state is
+            # empty, which is what a fresh optimizer already holds; DCP has no keys to load then.
+            state_io.load_optimizer(self.wrapped, self.optimizer, path / state_io.OPTIMIZER_DIR)
+        if self.lr_scheduler is not None:
+            scheduler_file = path / state_io.SCHEDULER_FILE
+            if not scheduler_file.is_file():
+                raise ValueError(f"checkpoint {path} has no scheduler state but a scheduler is set")
+            self.lr_scheduler.load_state_dict(torch.load(scheduler_file, weights_only=False))
+        if self.grad_scaler is not None:
+            scaler_file = path / state_io.SCALER_FILE
+            if not scaler_file.is_file():
+                # Resuming fp16 with a fresh scale would change the loss scaling (and which steps
+                # are skipped) from this step on: not an exact resume.
+                raise ValueError(
+                    f"checkpoint {path} has no {state_io.SCALER_FILE} (saved with mixed_precision="
+                    f"{state.get('mixed_precision')!r}); resuming mixed_precision='fp16' exactly needs the "
+                    "gradient scaler's state"
+                )
+            self.grad_scaler.load_state_dict(torch.load(scaler_file, weights_only=False))
+        state_io.set_rng_state(torch.load(path / state_io.rng_file(self.info.rank), weights_only=False))
+        self.cur_step = progress["cur_step"]
+        self.gradient_accumulation_steps = progress["gradient_accumulation_steps"]
+        self._window = _Window()
+        return progress
+
+    def _load_weights(self, path: Path) -> None:
+        wrapped = self.wrapped
+        if (path / state_io.ADAPTER_WEIGHTS).is_file():
+            if self.train_adapter is None:
+                raise ValueError(f"{path} holds a LoRA adapter: add_adapter_to_model before resuming")
+            from safetensors.torch import load_file
+
+            saved = load_file(str(path / state_io.ADAPTER_WEIGHTS))
+            mapping = adapters.adapter_key_map(self.model, self.train_adapter)
+            if set(saved) != set(mapping):
+                raise ValueError(f"{path}: the adapter's weights do not match adapter {self.train_adapter!r}")
+            state = {mapping[k]: v for k, v in saved.items()}
+            state_io.load_full_model_state_dict(wrapped, state, strict=False)
+            return
+        if self.train_adapter is not None:
+            raise ValueError(
+                f"{path} holds full weights but this model trains adapter {self.train_adapter!r}"
+            )
+        state = state_io.read_safetensors_dir(path)
+        state_io.load_full_model_state_dict(wrapped, state, strict=not self.config.tie_word_embeddings)
+
+    # ---------------------------------------------------------------------------- export
+    def export(self, output_dir: str | Path, merged: bool = False, adapter_name: str | None = None) -> str:
+        """Plain HF files: the full model, the LoRA adapter alone, or (merged=True) base + adapter
+        folded into ordinary weights. Every rank must call it; rank 0 writes."""
+        self._check_adapter(adapter_name)
+        directory = Path(output_dir)
+        full_state = state_io.full_model_state_dict(self.wrapped)
+        if self.info.is_main:
+            directory.mkdir(parents=True, exist_ok=True)
+            if self.train_adapter is None:
+                self._base_model().save_pretrained(str(directory), state_dict=full_state)
+            elif merged:
+                weights = adapters.merged_state(full_state, self.model, self.train_adapter)
+                self._base_model().save_pretrained(str(directory), state_dict=weights)
+            else:
+                mapping = adapters.adapter_key_map(self.model, self.train_adapter)
+                adapters.save_adapter(
+                    self.model, self.train_adapter, adapters.adapter_state(full_state, mapping), directory
+                )
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(str(directory))
+        barrier()
+        return str(directory)
+
+
+def _looks_like_checkpoint(path: Path) -> bool:
+    """A directory written by `save` (complete or not): a temporary name or training-state files."""
+    if path.name.startswith((".tmp-", ".old-")):
+        return True
+    markers = (ckpt.TRAINER_STATE_FILE, state_io.OPTIMIZER_DIR, state_io.SCHEDULER_FILE, state_io.SCALER_FILE)
+    return any((path / name).exists() for name in markers) or any(path.glob("rng_state_*.pth"))
+
+
+def _resolve_optimizer(optimizer: Any) -> Any:
+    if isinstance(optimizer, str):
+        name = _OPTIMIZERS.get(optimizer.lower(), optimizer)
+        resolved = getattr(torch.optim, name, None)
+        if not isinstance(resolved, type) or not issubclass(resolved, torch.optim.Optimizer):
+            raise ValueError(f"optimizer {optimizer!r} is not a torch.optim optimizer")
+        return resolved
+    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        return optimizer
+    raise ValueError(f"optimizer must be a torch.optim.Optimizer class or its name, got {optimizer!r}")

@@ -1,0 +1,186 @@
+"""JobSpec: the schema of a training job, shared by the server, the worker and the runner.
+
+The `model` section carries the arguments of `TransformersModel` under their own names, so a
+spec reads like the Python call it becomes. Every section forbids unknown keys: a typo in a
+spec is an error that names the field, never a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+MixedPrecision = Literal["no", "fp8", "fp16", "bf16"]
+Strategy = Literal["accelerate", "native_fsdp"]
+DataFormat = Literal["auto", "chat", "prompt_completion", "text"]
+Launcher = Literal["torchrun", "ray"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class DeviceMeshSpec(_Section):
+    """Sizes of the device mesh; their product must equal the job's world size."""
+
+    dp_size: int = Field(default=-1, description="Data-parallel replicas; -1 fills the rest of the world")
+    fsdp_size: int = Field(default=1, ge=1, description="Ranks each FSDP shard group spans")
+
+    @model_validator(mode="after")
+    def _check(self) -> DeviceMeshSpec:
+        if self.dp_size == 0 or self.dp_size < -1:
+            raise ValueError("dp_size must be a positive integer or -1 (fill the world)")
+        return self
+
+
+class ModelSection(_Section):
+    """The arguments of `TransformersModel`, by their seed names."""
+
+    model_cls: str = Field(
+        default="AutoModelForCausalLM", description="A transformers class name, e.g. AutoModelForCausalLM"
+    )
+    model_id: str | None = Field(
+        default=None,
+        description="A local directory under an allowed root, hf://org/name, ms://org/name or a bare hub id",
+    )
+    config: dict[str, Any] | None = Field(
+        default=None,
+        description="Config fields: the whole config without model_id, overrides of the stored one with it",
+    )
+    device_mesh: DeviceMeshSpec | None = None
+    mixed_precision: MixedPrecision = "bf16"
+    strategy: Strategy = "accelerate"
+    ddp_config: dict[str, Any] = Field(default_factory=dict)
+    fsdp_config: dict[str, Any] = Field(default_factory=dict)
+    grad_scaler_config: dict[str, Any] = Field(default_factory=dict)
+    memory_efficient_init: bool = False
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments for from_pretrained / from_config"
+    )
+    tokenizer_id: str | None = Field(default=None, description="Tokenizer location; default: model_id")
+
+    @model_validator(mode="after")
+    def _model_or_config(self) -> ModelSection:
+        if self.model_id is None and self.config is None:
+            raise ValueError("one of model_id or config is required")
+        return self
+
+
+class LoraSection(_Section):
+    """A LoRA adapter trained instead of the full weights (null adapter = full fine-tuning)."""
+
+    type: Literal["lora"] = "lora"
+    adapter_name: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    r: int = Field(default=8, ge=1, le=1024)
+    lora_alpha: int = Field(default=16, ge=1)
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+
+class DataSection(_Section):
+    train_file: str = Field(description="An uploaded file id (file-...), an allowed local path, or a hub id")
+    validation_file: str | None = None
+    format: DataFormat = "auto"
+    max_length: int = Field(default=1024, ge=8, le=1_048_576)
+    packing: bool = False
+
+
+class TrainingSection(_Section):
+    max_steps: int | None = Field(default=None, ge=1, description="Optimizer steps; wins over num_epochs")
+    num_epochs: float = Field(default=1.0, gt=0)
+    batch_size: int = Field(
+        default=8, ge=1, description="Global micro-batch size, split over the data-parallel ranks"
+    )
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    seed: int = Field(default=42, ge=0)
+    log_every: int = Field(default=1, ge=1)
+    eval_every: int | None = Field(default=None, ge=1)
+    save_every: int | None = Field(default=None, ge=1)
+    save_total_limit: int | None = Field(default=3, ge=1)
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    early_stopping_patience: int | None = Field(default=None, ge=1)
+
+
+class OptimizerSection(_Section):
+    name: Literal["adamw", "adam", "sgd"] = "adamw"
+    lr: float = Field(default=1e-5, gt=0, lt=10)
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(default=1e-8, gt=0)
+
+
+class SchedulerSection(_Section):
+    name: Literal["constant", "linear", "cosine"] = "cosine"
+    warmup_steps: int = Field(default=0, ge=0)
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+
+
+class ResourcesSection(_Section):
+    nnodes: int = Field(default=1, ge=1, le=1024)
+    nproc_per_node: int = Field(default=1, ge=1, le=64)
+    launcher: Launcher = Field(
+        default="torchrun",
+        description="torchrun: the worker starts torchrun on its host; ray: the worker submits the "
+        "same command to its Ray cluster (TWINKLE_RAY_ADDRESS) as a Ray job",
+    )
+
+    @field_validator("launcher")
+    @classmethod
+    def _ray_runs_one_node(cls, value: str, info: ValidationInfo) -> str:
+        # A Ray job runs torchrun on one Ray node: a gang of worker hosts has no meaning there.
+        nnodes = info.data.get("nnodes", 1)
+        if value == "ray" and nnodes > 1:
+            raise ValueError(
+                f"launcher 'ray' runs a job on one Ray node; nnodes={nnodes} needs launcher 'torchrun'"
+            )
+        return value
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+
+class JobSpec(_Section):
+    """A complete training job. Only `model.model_id` and `data.train_file` are required."""
+
+    model: ModelSection
+    adapter: LoraSection | None = None
+    data: DataSection
+    training: TrainingSection = Field(default_factory=TrainingSection)
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
+    resources: ResourcesSection = Field(default_factory=ResourcesSection)
+
+    @model_validator(mode="after")
+    def _check_mesh(self) -> JobSpec:
+        mesh = self.model.device_mesh
+        world = self.resources.world_size
+        if mesh is not None:
+            dp = mesh.dp_size if mesh.dp_size != -1 else world // mesh.fsdp_size
+            if dp * mesh.fsdp_size != world:
+                raise ValueError(
+                    f"model.device_mesh: dp_size ({mesh.dp_size}) x fsdp_size ({mesh.fsdp_size}) "
+                    f"must equal the world size nnodes x nproc_per_node = {world}"
+                )
+        dp_ranks = self.data_parallel_size
+        if self.training.batch_size % dp_ranks:
+            raise ValueError(
+                f"training.batch_size ({self.training.batch_size}) must be divisible by the "
+                f"{dp_ranks} data-parallel ranks"
+            )
+        return self
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that see different data: every rank (FSDP shards still read their own batches)."""
+        return self.resources.world_size
+
+    @classmethod
+    def load(cls, path: str | Path) -> JobSpec:
+        return cls.model_validate(json.loads(Path(path).read_text()))
+
+    def dump(self, path: str | Path) -> None:
+        Path(path).write_text(self.model_dump_json(indent=2))
