@@ -1,0 +1,1 @@
+"""The Twinkle Jobs API server: FastAPI over SQLAlchemy, the record of every job."""

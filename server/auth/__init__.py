@@ -1,0 +1,1 @@
+"""API tokens: creation (shown once, stored hashed), authentication, scopes and rate limits."""

@@ -1,0 +1,1 @@
+"""A job's checkpoints: listing and archive downloads."""

@@ -1,0 +1,1 @@
+"""The `twinkle-jobs` command line: run the service (server, worker, up, demo) and administer it."""

@@ -1,0 +1,148 @@
+"""`twinkle-jobs`: run and administer the service.
+
+Service commands: `server`, `worker`, `up` (server + worker on the embedded defaults), `demo` and
+`migrate`. Admin commands (`tokens ...`) talk to the database directly, so they work before any
+token exists.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+import click
+
+from server.settings import get_settings
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Twinkle Jobs: a self-hosted fine-tuning service."""
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--workers", "num_workers", default=1, show_default=True, type=int, help="uvicorn processes")
+def server(host: str, port: int, num_workers: int) -> None:
+    """Run the API server (applies migrations at start)."""
+    import uvicorn
+
+    uvicorn.run("server.app:create_app", factory=True, host=host, port=port, workers=num_workers)
+
+
+@cli.command()
+@click.option("--concurrency", type=int, default=None, help="Jobs at once (default: by GPUs/slots)")
+@click.option("--beat/--no-beat", default=True, show_default=True, help="Also run the reconciler schedule")
+def worker(concurrency: int | None, beat: bool) -> None:
+    """Run a worker: claims queued jobs and supervises their torchrun processes."""
+    from worker.main import run_worker
+
+    run_worker(get_settings(), concurrency=concurrency, beat=beat)
+
+
+@cli.command()
+def beat() -> None:
+    """Run only the reconciler schedule (Celery beat); one per deployment next to `worker --no-beat`."""
+    import logging
+
+    from worker.celery_app import make_celery
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    make_celery(get_settings()).start(["beat", "--loglevel=INFO"])
+
+
+@cli.command()
+def migrate() -> None:
+    """Apply the database migrations (alembic upgrade head)."""
+    from server.db.migrate import upgrade
+
+    settings = get_settings()
+    upgrade(settings.resolved_database_url)
+    click.echo(f"database at head: {settings.resolved_database_url}")
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+def up(host: str, port: int) -> None:
+    """Run the server and a worker together on the configured (default: embedded) database and broker."""
+    from server.cli.stack import LocalStack
+
+    stack = LocalStack(get_settings(), host=host, port=port)
+    _sigterm_as_interrupt()
+    try:
+        stack.start()
+        click.echo(f"Twinkle Jobs is up at {stack.url}  (dashboard: {stack.url}/)")
+        click.echo(f"API token: {stack.token}")
+        click.echo(f"data dir:  {stack.settings.data_dir}   (Ctrl-C stops server and worker)")
+        code = stack.wait()
+    except KeyboardInterrupt:
+        code = 0  # Ctrl-C or SIGTERM: the stop that was asked for, not a failure
+    finally:
+        # A second signal must not cut the stop short and leave a child running.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stack.stop()
+    sys.exit(code)
+
+
+@cli.command()
+@click.option("--url", default=None, help="Use a running server instead of starting one")
+@click.option("--token", envvar="TWINKLE_TOKEN", default=None, help="API token for --url")
+@click.option("--steps", default=8, show_default=True, type=int)
+@click.option("--nproc", default=2, show_default=True, type=int, help="Training processes (torchrun)")
+@click.option("--timeout", default=600.0, show_default=True, type=float, help="Seconds to wait for the job")
+def demo(url: str | None, token: str | None, steps: int, nproc: int, timeout: float) -> None:
+    """Fine-tune a tiny local model end to end through the API and print the checkpoint path."""
+    from server.cli.demo import run_demo
+    from server.cli.stack import LocalStack, free_port
+
+    settings = get_settings()
+    if url:
+        if not token:
+            raise click.UsageError("--token (or TWINKLE_TOKEN) is required with --url")
+        sys.exit(run_demo(url, token, settings, steps, nproc, timeout))
+    stack = LocalStack(settings, port=free_port(), quiet=True)
+    _sigterm_as_interrupt()
+    click.echo(f"starting a local server and worker (data dir {settings.data_dir}, logs in its logs/)")
+    stack.start()
+    try:
+        code = run_demo(stack.url, stack.token, settings, steps, nproc, timeout)
+    finally:
+        stack.stop()
+    sys.exit(code)
+
+
+def _sigterm_as_interrupt() -> None:
+    """Treat SIGTERM like Ctrl-C: the try/finally around the stack then stops its children."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _register_resource_commands() -> None:
+    from server.cli.resources import checkpoints, files, jobs
+    from server.cli.tokens import tokens
+
+    cli.add_command(tokens)
+    cli.add_command(jobs)
+    cli.add_command(files)
+    cli.add_command(checkpoints)
+
+
+_register_resource_commands()
+
+
+def main() -> None:
+    try:
+        cli()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,439 @@
+"""`twinkle-jobs jobs|files|checkpoints ...`: the API from a terminal or a CI pipeline.
+
+Every command takes `--url`/`--token` (or TWINKLE_URL/TWINKLE_TOKEN) and `--output json` for
+scripts. `jobs submit --wait` exits 0 only when the job succeeds, so a CI step fails with the job:
+1 when it failed (or the API refused a request), 2 when it was cancelled, 3 when `--timeout`
+passed first (the job goes on).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+import yaml
+from pydantic import ValidationError
+
+from server.client import APIError, TwinkleClient
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT = 1, 2, 3
+
+OUTPUT = click.option(
+    "--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+
+
+def _client(ctx: click.Context) -> TwinkleClient:
+    conn = ctx.find_object(Connection)
+    assert conn is not None, "resource groups store the connection"
+    return TwinkleClient(conn.url, conn.token)
+
+
+class Connection:
+    def __init__(self, url: str, token: str | None) -> None:
+        self.url = url
+        self.token = token
+
+
+def _group(f: Any) -> Any:
+    """A resource group carrying the server URL and token options (also from the environment)."""
+
+    @click.option("--url", envvar="TWINKLE_URL", default="http://127.0.0.1:8000", show_default=True)
+    @click.option("--token", envvar="TWINKLE_TOKEN", default=None, help="API token (or TWINKLE_TOKEN)")
+    @click.pass_context
+    def group(ctx: click.Context, url: str, token: str | None) -> None:
+        ctx.obj = Connection(url, token)
+
+    group.__doc__ = f.__doc__
+    group.__name__ = f.__name__
+    return click.group(name=f.__name__)(group)
+
+
+def _emit(obj: Any, output: str, text_lines: Iterable[str]) -> None:
+    if output == "json":
+        click.echo(json.dumps(obj, indent=2, default=str))
+    else:
+        for line in text_lines:
+            click.echo(line)
+
+
+def load_job_file(path: Path) -> dict[str, Any]:
+    """A YAML or JSON file holding either a job body (with `spec`) or a bare JobSpec."""
+    try:
+        raw = (
+            yaml.safe_load(path.read_text())
+            if path.suffix in (".yaml", ".yml")
+            else json.loads(path.read_text())
+        )
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise click.BadParameter(f"{path}: not valid YAML/JSON: {exc}", param_hint="-f") from exc
+    if not isinstance(raw, dict):
+        raise click.BadParameter(f"{path}: expected a mapping at the top level", param_hint="-f")
+    return raw if "spec" in raw else {"spec": raw}
+
+
+class StepProgress:
+    """A progress line per step event while following, with the ETA from the steps' own times."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, float] | None = None
+
+    def line(self, event: dict[str, Any]) -> str | None:
+        data = event.get("data") or {}
+        step, total, when = data.get("step"), data.get("total_steps"), data.get("time")
+        if event.get("type") != "metrics" or not isinstance(step, int) or "loss" not in data:
+            return None  # eval results and messages have no step/total to show
+        eta = None
+        if isinstance(when, int | float):
+            if self.first is None or step < self.first[0]:  # the first step seen, or a resume
+                self.first = (step, float(when))
+            elif total and step > self.first[0]:
+                pace = (when - self.first[1]) / (step - self.first[0])
+                eta = max(0.0, pace * (total - step))
+        percent = round(min(100.0, 100.0 * step / total), 2) if total else None
+        progress = {"step": step, "total_steps": total, "percent": percent, "loss": data.get("loss")}
+        return _progress_line({"status": "running", "progress": {**progress, "eta_seconds": eta}})
+
+
+def _progress_line(job: dict[str, Any]) -> str:
+    p = job.get("progress") or {}
+    step, total = p.get("step") or 0, p.get("total_steps")
+    pct = p.get("percent")
+    bar = ""
+    if pct is not None:
+        filled = int(pct / 5)
+        bar = "[" + "#" * filled + "." * (20 - filled) + f"] {pct:5.1f}% "
+    loss = f" loss {p['loss']:.4f}" if p.get("loss") is not None else ""
+    eta = f" eta {int(p['eta_seconds'])}s" if p.get("eta_seconds") is not None else ""
+    return f"{job['status']:<10} {bar}step {step}/{total or '?'}{loss}{eta}"
+
+
+def _handle_api_errors(f: Any) -> Any:
+    import functools
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except APIError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except (httpx.TransportError, ConnectionError) as exc:
+            raise click.ClickException(f"cannot reach the server: {exc}") from exc
+
+    return wrapper
+
+
+@_group
+def jobs() -> None:
+    """Submit, watch and control training jobs."""
+
+
+@jobs.command("validate")
+@click.option(
+    "-f", "--file", "path", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True
+)
+@OUTPUT
+def jobs_validate(path: Path, output: str) -> None:
+    """Check a spec file locally without submitting it; prints the resolved spec."""
+    from twinkle_core.spec import JobSpec
+
+    body = load_job_file(path)
+    try:
+        spec = JobSpec.model_validate(body["spec"])
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "spec"
+            click.echo(f"spec.{loc}: {err['msg']}", err=True)
+        sys.exit(1)
+    _emit(
+        spec.model_dump(mode="json"), output, [f"{path}: valid", yaml.safe_dump(spec.model_dump(mode="json"))]
+    )
+
+
+@jobs.command("submit")
+@click.option(
+    "-f", "--file", "path", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True
+)
+@click.option("--name", default=None)
+@click.option("--wait", is_flag=True, help="Wait for the end; exit non-zero unless it succeeded")
+@click.option("--follow", is_flag=True, help="Print events as they happen (implies --wait)")
+@click.option("--timeout", type=float, default=None, help="Stop waiting after this many seconds (exit 3)")
+@OUTPUT
+@click.pass_context
+@_handle_api_errors
+def jobs_submit(
+    ctx: click.Context,
+    path: Path,
+    name: str | None,
+    wait: bool,
+    follow: bool,
+    timeout: float | None,
+    output: str,
+) -> None:
+    """Submit a job from a YAML/JSON file."""
+    body = load_job_file(path)
+    if name:
+        body["name"] = name
+    client = _client(ctx)
+    job = client.jobs.create(**body)
+    if not (wait or follow):
+        _emit(job, output, [f"{job['id']} {job['status']}"])
+        return
+    if output == "text":
+        click.echo(f"submitted {job['id']}")
+    if follow:
+        _follow(client, job["id"], timeout, output)
+    else:
+        _wait(client, job, timeout, output)
+    _finish(client.jobs.get(job["id"]), output, timeout)
+
+
+def _follow(client: TwinkleClient, job_id: str, timeout: float | None, output: str) -> None:
+    """Every event on stdout, a progress line per step on stderr; returns at the end or the timeout."""
+    progress = StepProgress()
+    try:
+        for event in client.jobs.follow(job_id, timeout=timeout):
+            if output != "text":
+                continue
+            click.echo(f"  [{event.get('type', '?'):>10}] {event.get('message', '')}")
+            line = progress.line(event)
+            if line:
+                click.echo(line, err=True)
+    except TimeoutError:
+        pass  # _finish reports the job as it is now
+
+
+def _wait(client: TwinkleClient, job: dict[str, Any], timeout: float | None, output: str) -> None:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = ""
+    tty = sys.stderr.isatty()
+    while job["status"] not in TERMINAL:
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        line = _progress_line(job)
+        if output == "text" and line != last:
+            click.echo("\r" + line if tty else line, nl=not tty, err=True)
+        last = line
+        time.sleep(1.0)
+        job = client.jobs.get(job["id"])
+    if output == "text" and tty:
+        click.echo("", err=True)
+
+
+def _finish(job: dict[str, Any], output: str, timeout: float | None = None) -> None:
+    _emit(job, output, [_progress_line(job)])
+    if job["status"] == "succeeded":
+        return
+    if job["status"] not in TERMINAL:
+        click.echo(f"job {job['id']} is still {job['status']} after the {timeout} s timeout", err=True)
+        sys.exit(EXIT_TIMEOUT)
+    error = job.get("error") or {}
+    reason = error.get("message") or f"job ended {job['status']}"
+    click.echo(f"job {job['id']} {job['status']}: {reason}", err=True)
+    sys.exit(EXIT_FAILED if job["status"] == "failed" else EXIT_CANCELLED)
+
+
+@jobs.command("list")
+@click.option("--status", "statuses", multiple=True, help="Only this status (repeatable)")
+@click.option("--name", default=None)
+@click.option("--metadata", "metadata", multiple=True, help="key:value the job's metadata holds (repeatable)")
+@click.option("--limit", default=20, show_default=True)
+@OUTPUT
+@click.pass_context
+@_handle_api_errors
+def jobs_list(
+    ctx: click.Context,
+    statuses: tuple[str, ...],
+    name: str | None,
+    metadata: tuple[str, ...],
+    limit: int,
+    output: str,
+) -> None:
+    """List jobs, newest first."""
+    pairs = {}
+    for item in metadata:
+        key, sep, value = item.partition(":")
+        if not sep:
+            raise click.BadParameter(f"expected KEY:VALUE, got {item!r}", param_hint="--metadata")
+        pairs[key] = value
+    items = []
+    for job in _client(ctx).jobs.list(status=list(statuses), name=name, metadata=pairs, limit=limit):
+        items.append(job)
+        if len(items) >= limit:
+            break
+    _emit(items, output, [f"{j['id']}  {j['status']:<10} {j.get('name') or ''}" for j in items])
+
+
+def _job_action(action: str) -> Any:
+    @click.argument("job_id")
+    @OUTPUT
+    @click.pass_context
+    @_handle_api_errors
+    def command(ctx: click.Context, job_id: str, output: str) -> None:
+        job = getattr(_client(ctx).jobs, action)(job_id)
+        _emit(job, output, [f"{job['id']} {job['status']}"])
+
+    command.__doc__ = f"{action.capitalize()} a job."
+    return command
+
+
+jobs.command("get")(_job_action("get"))
+jobs.command("cancel")(_job_action("cancel"))
+jobs.command("pause")(_job_action("pause"))
+
+
+@jobs.command("resume")
+@click.argument("job_id")
+@click.option("--checkpoint", default=None, help="Checkpoint id to resume from (default: the latest)")
+@OUTPUT
+@click.pass_context
+@_handle_api_errors
+def jobs_resume(ctx: click.Context, job_id: str, checkpoint: str | None, output: str) -> None:
+    """Resume a paused, failed or cancelled job."""
+    job = _client(ctx).jobs.resume(job_id, checkpoint)
+    _emit(job, output, [f"{job['id']} {job['status']}"])
+
+
+@jobs.command("clone")
+@click.argument("job_id")
+@click.option("--set", "overrides", multiple=True, help="Spec override, e.g. training.max_steps=100")
+@click.option("--name", default=None)
+@OUTPUT
+@click.pass_context
+@_handle_api_errors
+def jobs_clone(
+    ctx: click.Context, job_id: str, overrides: tuple[str, ...], name: str | None, output: str
+) -> None:
+    """Submit a copy of a job, with spec overrides merged in."""
+    job = _client(ctx).jobs.clone(job_id, parse_overrides(overrides), name)
+    _emit(job, output, [f"{job['id']} {job['status']}"])
+
+
+def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
+    """`a.b.c=value` pairs into a nested dict; values are parsed as YAML scalars (3, 1e-4, true)."""
+    result: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--set")
+        node = result
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return result
+
+
+@jobs.command("logs")
+@click.argument("job_id")
+@click.option("--lines", "-n", default=200, show_default=True, help="Lines from the end of each log")
+@click.option("--attempt", type=int, default=None, help="Which attempt (default: the latest)")
+@OUTPUT
+@click.pass_context
+@_handle_api_errors
+def jobs_logs(ctx: click.Context, job_id: str, lines: int, attempt: int | None, output: str) -> None:
+    """Print the tail of the job's logs (launcher and every rank)."""
+    logs = _client(ctx).jobs.logs(job_id, lines, attempt)
+    text: list[str] = []
+    for log in logs["files"]:
+        text.append(f"==> {log['name']}{' (tail)' if log.get('truncated') else ''} <==")
+        text.extend(log["lines"])
+    _emit(logs, output, text)
+
+
+@jobs.command("events")
+@click.argument("job_id")
+@click.option("--follow", is_flag=True, help="Keep printing until the job ends")
+@click.option(
+    "--timeout", type=float, default=None, help="With --follow: stop after this many seconds (exit 3)"
+)
+@click.option("--type", "types", multiple=True, help="Only events of this type (repeatable)")
+@OUTPUT
+@click.pass_context
+@_handle_api_errors
+def jobs_events(
+    ctx: click.Context, job_id: str, follow: bool, timeout: float | None, types: tuple[str, ...], output: str
+) -> None:
+    """Print a job's events, one per line (`-o json`: one JSON object per line)."""
+    client = _client(ctx)
+    source = client.jobs.follow(job_id, timeout=timeout) if follow else client.jobs.events(job_id, type=types)
+    try:
+        for event in source:
+            if types and event.get("type") not in types:
+                continue
+            if output == "json":
+                click.echo(json.dumps(event, default=str))
+            else:
+                click.echo(
+                    f"{event.get('created_at', '')}  {event.get('level', ''):<5} {event.get('message', '')}"
+                )
+    except TimeoutError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(EXIT_TIMEOUT)
+
+
+@_group
+def files() -> None:
+    """Upload and list dataset files."""
+
+
+@files.command("upload")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@OUTPUT
+@click.pass_context
+@_handle_api_errors
+def files_upload(ctx: click.Context, path: Path, output: str) -> None:
+    """Upload a JSONL/JSON/CSV/Parquet dataset (validated by the server)."""
+    info = _client(ctx).files.upload(path)
+    _emit(info, output, [f"{info['id']}  {info.get('filename')}  {info.get('bytes')} bytes"])
+
+
+@files.command("list")
+@OUTPUT
+@click.pass_context
+@_handle_api_errors
+def files_list(ctx: click.Context, output: str) -> None:
+    """List uploaded files."""
+    items = list(_client(ctx).files.list())
+    _emit(items, output, [f"{f['id']}  {f.get('filename')}  {f.get('bytes')} bytes" for f in items])
+
+
+@_group
+def checkpoints() -> None:
+    """List and download checkpoints."""
+
+
+@checkpoints.command("list")
+@click.argument("job_id")
+@OUTPUT
+@click.pass_context
+@_handle_api_errors
+def checkpoints_list(ctx: click.Context, job_id: str, output: str) -> None:
+    """List a job's checkpoints."""
+    items = list(_client(ctx).checkpoints.list(job_id))
+    lines = [f"{c['id']}  step {c['step']}{'  (best)' if c.get('is_best') else ''}" for c in items]
+    _emit(items, output, lines)
+
+
+@checkpoints.command("download")
+@click.argument("job_id")
+@click.argument("checkpoint_id")
+@click.option("--dest", type=click.Path(path_type=Path), default=None, help="Archive path [CKPT_ID.tar]")
+@OUTPUT
+@click.pass_context
+@_handle_api_errors
+def checkpoints_download(
+    ctx: click.Context, job_id: str, checkpoint_id: str, dest: Path | None, output: str
+) -> None:
+    """Download a checkpoint as a tar archive; prints its path."""
+    dest = dest or Path(f"{checkpoint_id}.tar")
+    path = _client(ctx).checkpoints.download(job_id, checkpoint_id, dest)
+    info = {"job_id": job_id, "checkpoint_id": checkpoint_id, "path": str(path), "bytes": path.stat().st_size}
+    _emit(info, output, [str(path)])

@@ -1,0 +1,121 @@
+"""A local stack: the API server and a worker as child processes, for `up` and `demo`.
+
+Children are started as `python -m server.cli.main server|worker` so they read the same
+TWINKLE_ environment; stopping the stack sends SIGTERM to each and waits, so a worker gets to end
+its training processes before we return.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from server.settings import Settings
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def local_token(settings: Settings) -> str:
+    """The admin token of a local stack: TWINKLE_BOOTSTRAP_TOKEN, else one kept in the data dir."""
+    if settings.bootstrap_token:
+        return settings.bootstrap_token
+    path = settings.data_dir / "local-admin-token"
+    if path.exists():
+        return path.read_text().strip()
+    token = "tw-" + secrets.token_urlsafe(24)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token)
+    return token
+
+
+@dataclass
+class LocalStack:
+    settings: Settings
+    host: str = "127.0.0.1"
+    port: int = 8000
+    worker_concurrency: int | None = None
+    quiet: bool = False
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def token(self) -> str:
+        return local_token(self.settings)
+
+    def _spawn(self, *args: str, log_name: str) -> subprocess.Popen[bytes]:
+        env = {
+            **os.environ,
+            "TWINKLE_DATA_DIR": str(self.settings.data_dir),
+            "TWINKLE_BOOTSTRAP_TOKEN": self.token,
+        }
+        log_dir = self.settings.data_dir / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        out = open(log_dir / log_name, "ab") if self.quiet else None  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "server.cli.main", *args], env=env, stdout=out, stderr=out
+        )
+        self.procs.append(proc)
+        return proc
+
+    def start(self, timeout: float = 60.0) -> None:
+        self._spawn("server", "--host", self.host, "--port", str(self.port), log_name="server.log")
+        self._wait_healthy(timeout)
+        worker_args = ["worker"]
+        if self.worker_concurrency:
+            worker_args += ["--concurrency", str(self.worker_concurrency)]
+        self._spawn(*worker_args, log_name="worker.log")
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.procs):
+                raise RuntimeError(
+                    f"the server exited during start-up; see {self.settings.data_dir / 'logs'}"
+                )
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"the server did not answer /healthz within {timeout:.0f} s")
+
+    def wait(self) -> int:
+        """Block until a child exits (or we are interrupted); return its exit code."""
+        while True:
+            for proc in self.procs:
+                code = proc.poll()
+                if code is not None:
+                    return code
+            time.sleep(0.5)
+
+    def stop(self, grace: float = 30.0) -> None:
+        # The worker first, so that it stops its training processes while the database is still served.
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()

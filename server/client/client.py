@@ -1,0 +1,438 @@
+"""The client's transport (auth, retries, errors) and one namespace per resource."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import email.utils
+import json
+import os
+import random
+import time
+import uuid
+from collections.abc import Generator, Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from server.client.sse import Message, read_messages
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+MAX_SLEEP = 60.0
+# With no deadline, a stream silent for this long (the server sends a keep-alive every 15 s) is
+# taken for a dead connection and reopened.
+STREAM_IDLE_SECONDS = 60.0
+Json = dict[str, Any]
+
+
+def new_idempotency_key() -> str:
+    return f"tw-{uuid.uuid4().hex}"
+
+
+class APIError(Exception):
+    """An error answer from the server, with its envelope's fields."""
+
+    def __init__(self, status_code: int, error: Json, request_id: str | None = None) -> None:
+        self.status_code = status_code
+        self.type = str(error.get("type", "api_error"))
+        self.code = error.get("code")
+        self.param = error.get("param")
+        self.request_id = request_id
+        self.message = str(error.get("message", "")) or f"HTTP {status_code}"
+        where = f" (param: {self.param})" if self.param else ""
+        super().__init__(f"{status_code} {self.type}: {self.message}{where}")
+
+
+class TwinkleClient:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        max_retries: int = 4,
+        backoff: float = 0.5,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = (base_url or os.environ.get("TWINKLE_URL") or "http://127.0.0.1:8000").rstrip("/")
+        token = token or os.environ.get("TWINKLE_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.timeout = timeout
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+        self.jobs = Jobs(self)
+        self.files = Files(self)
+        self.checkpoints = Checkpoints(self)
+        self.workers = Workers(self)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> TwinkleClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport -----------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, *, stream: bool = False, **kwargs: Any) -> httpx.Response:
+        """Send a request, retrying 429/5xx and connection errors; raise APIError on 4xx/5xx.
+
+        With `stream=True` the body is not read: the caller iterates it and must close the
+        response. Only the opening of the response is retried, never a body already consumed.
+        """
+        attempt = 0
+        while True:
+            try:
+                # Built anew each time: a multipart body re-reads its file from the start.
+                response = self._http.send(self._http.build_request(method, path, **kwargs), stream=stream)
+            except httpx.TransportError:
+                if attempt >= self.max_retries:
+                    raise
+                self._sleep(attempt, None)
+                attempt += 1
+                continue
+            if response.status_code < 400:
+                return response
+            if stream:
+                response.read()
+                response.close()
+            if response.status_code in RETRY_STATUSES and attempt < self.max_retries:
+                self._sleep(attempt, response.headers.get("Retry-After"))
+                attempt += 1
+                continue
+            raise _error_from(response)
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.request(method, path, **kwargs).json()
+
+    def paginate(self, path: str, params: Json | None = None, page_size: int = 100) -> Iterator[Json]:
+        """Every item of a cursor list, fetching pages as the caller iterates."""
+        query = {**(params or {}), "limit": page_size}
+        while True:
+            page = self.json("GET", path, params={k: v for k, v in query.items() if v is not None})
+            yield from page["data"]
+            if not page.get("has_more") or not page["data"]:
+                return
+            query["after"] = page["last_id"]
+
+    def _sleep(self, attempt: int, retry_after: str | None) -> None:
+        """Exponential back-off with jitter, but never shorter than the server's Retry-After."""
+        delay = self.backoff * (2**attempt) * (0.5 + random.random() / 2)
+        wait = retry_after_seconds(retry_after)
+        if wait is not None:
+            delay = max(delay, wait)
+        time.sleep(min(delay, MAX_SLEEP))
+
+    # -- service -------------------------------------------------------------------------------
+
+    def health(self) -> Json:
+        """`/healthz`: the server process answers (`{"status": "ok"}`)."""
+        result: Json = self.json("GET", "/healthz")
+        return result
+
+    def ready(self) -> Json:
+        """`/readyz`: `{"status": "ok"|"unavailable", "checks": {...}}`, asked once, without retries.
+
+        A 503 here is an answer (a dependency is down), not a failure to retry or raise.
+        """
+        response = self._http.get("/readyz")
+        if response.status_code not in (200, 503):
+            raise _error_from(response)
+        result: Json = response.json()
+        return result
+
+    def prometheus_metrics(self) -> str:
+        """`/metrics` in the Prometheus text format."""
+        return self.request("GET", "/metrics").text
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """Seconds a `Retry-After` header asks for: delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    with contextlib.suppress(ValueError):
+        return max(0.0, float(value))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _error_from(response: httpx.Response) -> APIError:
+    try:
+        error = response.json().get("error") or {}
+    except (json.JSONDecodeError, AttributeError):
+        error = {"message": response.text[:500]}
+    return APIError(response.status_code, error, response.headers.get("x-request-id"))
+
+
+class _Resource:
+    def __init__(self, client: TwinkleClient) -> None:
+        self._c = client
+
+
+class Jobs(_Resource):
+    def create(
+        self,
+        spec: Json,
+        *,
+        name: str | None = None,
+        priority: int | None = None,
+        max_retries: int | None = None,
+        timeout_seconds: int | None = None,
+        metadata: dict[str, str] | None = None,
+        webhook_url: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        body: Json = {"spec": spec}
+        for key, value in (
+            ("name", name),
+            ("priority", priority),
+            ("max_retries", max_retries),
+            ("timeout_seconds", timeout_seconds),
+            ("metadata", metadata),
+            ("webhook_url", webhook_url),
+        ):
+            if value is not None:
+                body[key] = value
+        # One key per logical create: retries of this call reuse it, so at most one job results.
+        headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
+        result: Json = self._c.json("POST", "/v1/jobs", json=body, headers=headers)
+        return result
+
+    def get(self, job_id: str) -> Json:
+        result: Json = self._c.json("GET", f"/v1/jobs/{job_id}")
+        return result
+
+    def list(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        name: str | None = None,
+        metadata: dict[str, str] | None = None,
+        limit: int = 100,
+    ) -> Iterator[Json]:
+        """Jobs newest first; `status` one or several, `metadata` pairs every job must hold."""
+        statuses = [status] if isinstance(status, str) else builtins.list(status or [])
+        pairs = [f"{key}:{value}" for key, value in (metadata or {}).items()]
+        params: Json = {"status": statuses or None, "name": name, "metadata": pairs or None}
+        return self._c.paginate("/v1/jobs", params, page_size=limit)
+
+    def cancel(self, job_id: str) -> Json:
+        result: Json = self._c.json("POST", f"/v1/jobs/{job_id}/cancel")
+        return result
+
+    def pause(self, job_id: str) -> Json:
+        result: Json = self._c.json("POST", f"/v1/jobs/{job_id}/pause")
+        return result
+
+    def resume(self, job_id: str, checkpoint: str | None = None) -> Json:
+        body = {"checkpoint": checkpoint} if checkpoint else {}
+        result: Json = self._c.json("POST", f"/v1/jobs/{job_id}/resume", json=body)
+        return result
+
+    def clone(
+        self,
+        job_id: str,
+        overrides: Json | None = None,
+        name: str | None = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        """A new job from `job_id`'s spec with `overrides` merged in; retries never make two."""
+        body: Json = {"spec": overrides or {}}
+        if name:
+            body["name"] = name
+        headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
+        result: Json = self._c.json("POST", f"/v1/jobs/{job_id}/clone", json=body, headers=headers)
+        return result
+
+    def delete(self, job_id: str) -> None:
+        self._c.request("DELETE", f"/v1/jobs/{job_id}")
+
+    def events(
+        self,
+        job_id: str,
+        *,
+        after: int | str | None = None,
+        order: str = "asc",
+        type: str | Sequence[str] | None = None,
+        level: str | Sequence[str] | None = None,
+    ) -> Iterator[Json]:
+        """The job's events (`order="desc"`: newest first), optionally only some types/levels."""
+        params: Json = {"after": after, "order": order, "type": _as_list(type), "level": _as_list(level)}
+        return self._c.paginate(f"/v1/jobs/{job_id}/events", params)
+
+    def metrics(
+        self, job_id: str, names: builtins.list[str] | None = None, max_points: int | None = None
+    ) -> Json:
+        params: Json = {"max_points": max_points}
+        if names:
+            params["name"] = names
+        clean = {k: v for k, v in params.items() if v is not None}
+        result: Json = self._c.json("GET", f"/v1/jobs/{job_id}/metrics", params=clean)
+        return result
+
+    def logs(self, job_id: str, lines: int = 200, attempt: int | None = None) -> Json:
+        """`{"job_id", "files": [{"name", "lines", "truncated"}]}`: the tail of each log file."""
+        params: Json = {"lines": lines} if attempt is None else {"lines": lines, "attempt": attempt}
+        result: Json = self._c.json("GET", f"/v1/jobs/{job_id}/logs", params=params)
+        return result
+
+    def follow(
+        self,
+        job_id: str,
+        *,
+        after: int | str | None = None,
+        timeout: float | None = None,
+        poll: float = 1.0,
+    ) -> Iterator[Json]:
+        """Events as they happen (SSE) until the job ends, from the first or after event `after`.
+
+        A dropped stream is reopened with `Last-Event-ID`, so nothing is missed or repeated; a 429
+        or 5xx on opening it is retried like any request. With `timeout`, `TimeoutError` is raised
+        once that many seconds pass, also while no event arrives.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last_id = None if after is None else str(after)
+        drops = 0  # consecutive reconnects that brought nothing new
+        while True:
+            progressed = False
+            try:
+                with contextlib.closing(self._stream(job_id, last_id, deadline)) as messages:
+                    for message in messages:
+                        _check_deadline(deadline, job_id, timeout)
+                        if message.event == "end":
+                            return
+                        if message.event == "error":
+                            break  # the server lost its database mid-stream: reopen
+                        if message.event and message.data:
+                            event: Json = json.loads(message.data)
+                            last_id = str(message.id or event["id"])
+                            progressed = True
+                            yield event
+            except httpx.TransportError:
+                pass  # a dropped or silent connection: reopen it below
+            _check_deadline(deadline, job_id, timeout)
+            drops = 0 if progressed else drops + 1
+            if drops > self._c.max_retries:
+                raise ConnectionError(f"the event stream of {job_id} keeps dropping without new events")
+            time.sleep(poll if drops else 0.0)
+
+    def _stream(
+        self, job_id: str, last_id: str | None, deadline: float | None
+    ) -> Generator[Message, None, None]:
+        headers = {"Accept": "text/event-stream"}
+        if last_id:
+            headers["Last-Event-ID"] = last_id
+        idle = STREAM_IDLE_SECONDS
+        if deadline is not None:
+            # A read never blocks past the deadline, even when not even a keep-alive comes.
+            idle = max(0.1, min(idle, deadline - time.monotonic() + 0.1))
+        response = self._c.request(
+            "GET",
+            f"/v1/jobs/{job_id}/events/stream",
+            headers=headers,
+            timeout=httpx.Timeout(self._c.timeout, read=idle),
+            stream=True,
+        )
+        try:
+            yield from read_messages(response.iter_lines())
+        finally:
+            response.close()
+
+    def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0) -> Json:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.get(job_id)
+            if job["status"] in TERMINAL:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} is still {job['status']} after {timeout} s")
+            time.sleep(poll)
+
+
+def _as_list(value: str | Sequence[str] | None) -> builtins.list[str] | None:
+    if value is None:
+        return None
+    return [value] if isinstance(value, str) else builtins.list(value) or None
+
+
+def _check_deadline(deadline: float | None, job_id: str, timeout: float | None) -> None:
+    if deadline is not None and time.monotonic() >= deadline:
+        raise TimeoutError(f"job {job_id} did not end within {timeout} s")
+
+
+class Files(_Resource):
+    def upload(
+        self, path: str | Path, purpose: str = "fine-tune", *, idempotency_key: str | None = None
+    ) -> Json:
+        path = Path(path)
+        with path.open("rb") as fh:
+            return self.upload_fileobj(fh, path.name, purpose, idempotency_key=idempotency_key)
+
+    def upload_fileobj(
+        self,
+        fh: IO[bytes],
+        filename: str,
+        purpose: str = "fine-tune",
+        *,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        """Upload a dataset; a retry after a lost answer gets the same file, not a second copy."""
+        files = {"file": (filename, fh)}
+        headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
+        result: Json = self._c.json(
+            "POST", "/v1/files", files=files, data={"purpose": purpose}, headers=headers
+        )
+        return result
+
+    def get(self, file_id: str) -> Json:
+        result: Json = self._c.json("GET", f"/v1/files/{file_id}")
+        return result
+
+    def list(self) -> Iterator[Json]:
+        return self._c.paginate("/v1/files")
+
+    def content(self, file_id: str) -> bytes:
+        return self._c.request("GET", f"/v1/files/{file_id}/content").content
+
+    def delete(self, file_id: str) -> None:
+        self._c.request("DELETE", f"/v1/files/{file_id}")
+
+
+class Checkpoints(_Resource):
+    def list(self, job_id: str) -> Iterator[Json]:
+        return self._c.paginate(f"/v1/jobs/{job_id}/checkpoints")
+
+    def download(self, job_id: str, checkpoint_id: str, dest: str | Path) -> Path:
+        """Stream the checkpoint archive to `dest` (a file path); returns it."""
+        dest = Path(dest)
+        tmp = dest.with_name(dest.name + ".part")
+        response = self._c.request(
+            "GET", f"/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/download", stream=True
+        )
+        try:
+            with tmp.open("wb") as fh:
+                for chunk in response.iter_bytes():
+                    fh.write(chunk)
+        finally:
+            response.close()
+        tmp.replace(dest)
+        return dest
+
+
+class Workers(_Resource):
+    def list(self) -> builtins.list[Json]:
+        return list(self._c.json("GET", "/v1/workers")["data"])

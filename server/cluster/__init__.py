@@ -1,0 +1,1 @@
+"""Cluster-level endpoints: workers, liveness, readiness and Prometheus metrics."""

@@ -1,0 +1,1 @@
+"""Pieces shared by every API domain: list envelopes, cursors, middleware."""

@@ -1,0 +1,1 @@
+"""The data layer: models, engine and sessions, shared by the server and the worker."""

@@ -1,0 +1,163 @@
+"""Request dependencies: the unit of work, the caller's identity and its scopes.
+
+The session dependency owns the transaction: it commits after the endpoint returns (before the
+response is sent, so a failed commit is never reported as success) and rolls back on any error.
+Side effects that must only happen once the data is durable (waking a worker, deleting files)
+are registered with `after_commit` and run right after the commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, TypeVar
+
+import anyio
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from server.auth.ratelimit import TokenBuckets
+from server.auth.service import Principal, authenticate, cached_principal
+from server.errors import Forbidden, RateLimited, Unauthorized
+from server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_AFTER_COMMIT = "after_commit"
+_AFTER_ROLLBACK = "after_rollback"
+
+
+def after_commit(session: Session, callback: Callable[[], None]) -> None:
+    """Run `callback` once this session's transaction has committed (never if it rolls back)."""
+    session.info.setdefault(_AFTER_COMMIT, []).append(callback)
+
+
+def after_rollback(session: Session, callback: Callable[[], None]) -> None:
+    """Run `callback` if the request fails and its transaction is rolled back (undo a file write)."""
+    session.info.setdefault(_AFTER_ROLLBACK, []).append(callback)
+
+
+def _run_all(callbacks: list[Callable[[], None]]) -> None:
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:  # the answer is decided; a failed side effect must not change it
+            log.exception("after-transaction callback failed")
+
+
+async def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def _end(session: Session, commit: bool) -> None:
+    """Commit (or roll back), close, then run the callbacks of the outcome. Blocking: in a thread."""
+    committed = False
+    try:
+        if commit:
+            session.commit()
+            committed = True
+    finally:
+        if not committed:
+            session.rollback()
+        on_commit: list[Callable[[], None]] = session.info.pop(_AFTER_COMMIT, [])
+        on_rollback: list[Callable[[], None]] = session.info.pop(_AFTER_ROLLBACK, [])
+        session.close()
+        _run_all(on_commit if committed else on_rollback)
+
+
+def _idle(session: Session) -> bool:
+    """Nothing to commit, roll back or call back: ending it does no I/O."""
+    pending = _AFTER_COMMIT in session.info or _AFTER_ROLLBACK in session.info
+    return not session.in_transaction() and not pending
+
+
+async def _session(request: Request) -> AsyncIterator[Session]:
+    # An async dependency: creating a Session does no I/O, so it costs no hop into the thread
+    # pool (each hop is a GIL hand-over, measurable on a read). Ending it does I/O unless the
+    # endpoint already ended its transaction (`run_read`); then that hop is skipped too.
+    session: Session = request.app.state.session_factory()
+    try:
+        yield session
+    except BaseException:
+        with anyio.CancelScope(shield=True):  # a client that went away must not leak the connection
+            await run_in_threadpool(_end, session, False)
+        raise
+    if _idle(session):
+        session.close()
+        return
+    with anyio.CancelScope(shield=True):
+        await run_in_threadpool(_end, session, True)
+
+
+async def run_read(session: Session, work: Callable[[], T]) -> T:
+    """Run a read endpoint's database work in the thread pool and end its transaction in the same
+    hop, so that the session dependency has nothing left to do (one hop per request, not two).
+
+    For reads only (the statements run in autocommit mode): nothing registered with
+    `after_commit` may be pending (it would run later, from the dependency). A failure rolls
+    back as usual.
+    """
+
+    def work_then_commit() -> T:
+        if not session.in_transaction():
+            # No BEGIN/COMMIT round trips for a read: each statement is its own snapshot (a page
+            # and its queue places may be read a moment apart, as they could be a moment later).
+            # A cache-miss authentication already opened a transaction: that one is committed.
+            session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        result = work()
+        assert _AFTER_COMMIT not in session.info, "run_read is for reads; use the session dependency"
+        session.commit()
+        return result
+
+    return await run_in_threadpool(work_then_commit)
+
+
+SessionDep = Annotated[Session, Depends(_session, scope="function")]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+_bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer <token>`")
+
+
+async def _principal(
+    request: Request,
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'", code="missing_token")
+    # A cached principal costs no I/O, so no hop into the thread pool; a miss queries the database.
+    principal = cached_principal(session, credentials.credentials)
+    if principal is None:
+        principal = await run_in_threadpool(authenticate, session, credentials.credentials)
+    if principal is None:
+        raise Unauthorized("invalid or revoked token")
+    if principal.rate_limit_per_minute:
+        buckets: TokenBuckets = request.app.state.rate_limits
+        wait = buckets.take(principal.token_id, principal.rate_limit_per_minute)
+        if wait is not None:
+            raise RateLimited(
+                f"rate limit of {principal.rate_limit_per_minute} requests per minute reached",
+                retry_after=wait,
+            )
+    return principal
+
+
+def require(scope: str) -> Callable[..., Awaitable[Principal]]:
+    """A dependency that authenticates and checks that the token grants `scope`."""
+
+    async def check(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
+        if not principal.has(scope):
+            raise Forbidden(f"this operation needs a token with the '{scope}' scope")
+        return principal
+
+    return check
+
+
+ReadPrincipal = Annotated[Principal, Depends(require("read"))]
+WritePrincipal = Annotated[Principal, Depends(require("write"))]
+AdminPrincipal = Annotated[Principal, Depends(require("admin"))]

@@ -1,0 +1,248 @@
+"""The one error envelope of the API: `{"error": {"type", "code", "message", "param"}}`.
+
+Every failure a client can see goes through these handlers, so a dashboard or a CI script needs
+one code path for errors: validation (422, `param` is the dotted field path), authentication
+(401), scope (403), not found or another project's object (404), state conflicts (409), rate
+limits (429 with Retry-After) and, without details, unexpected failures (500).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from sqlalchemy.exc import DataError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from server.jobs.states import InvalidTransition
+
+log = logging.getLogger(__name__)
+
+REQUEST_ID_HEADER = "x-request-id"
+
+
+class ApiError(Exception):
+    status_code = 400
+    type = "invalid_request_error"
+    code = "bad_request"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers = headers or {}
+
+
+class InvalidRequest(ApiError):
+    status_code = 422
+    code = "invalid_value"
+
+
+class Unauthorized(ApiError):
+    status_code = 401
+    type = "authentication_error"
+    code = "invalid_token"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message, code=code, headers={"WWW-Authenticate": "Bearer"})
+
+
+class Forbidden(ApiError):
+    status_code = 403
+    type = "permission_error"
+    code = "insufficient_scope"
+
+
+class NotFound(ApiError):
+    status_code = 404
+    type = "not_found_error"
+    code = "not_found"
+
+
+class Conflict(ApiError):
+    status_code = 409
+    type = "conflict_error"
+    code = "conflict"
+
+
+class PayloadTooLarge(ApiError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class RateLimited(ApiError):
+    status_code = 429
+    type = "rate_limit_error"
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: int, code: str | None = None) -> None:
+        super().__init__(message, code=code, headers={"Retry-After": str(max(1, retry_after))})
+        self.retry_after = retry_after
+
+
+class Unavailable(ApiError):
+    status_code = 503
+    type = "service_unavailable"
+    code = "unavailable"
+
+
+class ErrorBody(BaseModel):
+    type: str
+    code: str
+    message: str
+    param: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error response."""
+
+    error: ErrorBody
+
+
+def error_json(
+    status: int, type_: str, code: str, message: str, param: str | None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = {"error": {"type": type_, "code": code, "message": message, "param": param}}
+    return JSONResponse(status_code=status, content=body, headers=headers)
+
+
+def _with_request_id(request: Request, response: JSONResponse) -> JSONResponse:
+    # Errors answered by ServerErrorMiddleware bypass the request-id middleware's send wrapper.
+    request_id = getattr(request.state, "request_id", None)
+    if request_id and REQUEST_ID_HEADER not in response.headers:
+        response.headers[REQUEST_ID_HEADER] = request_id
+    return response
+
+
+def param_from_loc(loc: Sequence[Any]) -> str | None:
+    """`("body", "spec", "model", "mixed_precision")` -> `spec.model.mixed_precision`.
+
+    Pydantic adds the member name of a union (`list[str]`, `literal['all-linear']`) and the
+    kind of a function validator to the location; they are not fields, so they are dropped.
+    """
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
+        parts = parts[1:]
+    cleaned: list[str] = []
+    for part in parts:
+        text = str(part)
+        if any(ch in text for ch in "[]('") or text.startswith(("function-", "literal")):
+            continue
+        cleaned.append(text)
+    return ".".join(cleaned) or None
+
+
+def _validation_message(error: dict[str, Any], param: str | None) -> str:
+    if error.get("type") == "extra_forbidden":
+        return f"unknown field '{param}'"
+    if error.get("type") == "json_invalid":
+        return "the request body is not valid JSON"
+    message = str(error.get("msg", "invalid value"))
+    message = message.removeprefix("Value error, ")
+    return f"{param}: {message}" if param else message
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    response = error_json(exc.status_code, exc.type, exc.code, exc.message, exc.param, exc.headers)
+    return _with_request_id(request, response)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    # Unknown keys first: a typo is the most useful thing to name.
+    errors.sort(key=lambda e: e.get("type") != "extra_forbidden")
+    first = errors[0] if errors else {}
+    param = None if first.get("type") == "json_invalid" else param_from_loc(first.get("loc", ()))
+    code = "unknown_field" if first.get("type") == "extra_forbidden" else "invalid_value"
+    message = _validation_message(first, param)
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return _with_request_id(request, error_json(422, "invalid_request_error", code, message, param))
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    kinds = {
+        401: ("authentication_error", "invalid_token"),
+        403: ("permission_error", "forbidden"),
+        404: ("not_found_error", "not_found"),
+        405: ("invalid_request_error", "method_not_allowed"),
+    }
+    type_, code = kinds.get(exc.status_code, ("invalid_request_error", "http_error"))
+    status = exc.status_code
+    if status == 400:
+        # FastAPI answers a body it cannot decode at all (bad encoding, broken multipart) with 400;
+        # for clients it is the same kind of mistake as malformed JSON, which is a 422.
+        status, code = 422, "invalid_body"
+    headers = dict(exc.headers) if exc.headers else None
+    response = error_json(status, type_, code, str(exc.detail), None, headers)
+    return _with_request_id(request, response)
+
+
+async def _transition_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidTransition)
+    response = error_json(409, "conflict_error", "invalid_state", str(exc), None)
+    return _with_request_id(request, response)
+
+
+async def _unstorable_value(request: Request, exc: Exception) -> JSONResponse:
+    # The database refused a value that passed validation: a NUL character in a PostgreSQL text
+    # column, or an integer beyond 64 bits. It is the client's input, so a 422, not a 500.
+    log.info("unstorable value on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    message = "a value in the request cannot be stored: it is out of range or contains a NUL character"
+    return _with_request_id(request, error_json(422, "invalid_request_error", "invalid_value", message, None))
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    response = error_json(500, "api_error", "internal_error", "internal server error", None)
+    return _with_request_id(request, response)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(InvalidTransition, _transition_error)
+    app.add_exception_handler(DataError, _unstorable_value)
+    app.add_exception_handler(OverflowError, _unstorable_value)
+    app.add_exception_handler(Exception, _unexpected_error)
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` entries documenting the error envelope for the given statuses."""
+    descriptions = {
+        401: "Missing, unknown or revoked token",
+        403: "The token lacks the scope this operation needs",
+        404: "No such object in the caller's project",
+        409: "The object's state does not allow this operation",
+        413: "The upload is larger than the configured limit",
+        422: "Invalid request; `param` names the field",
+        429: "Rate limit or project limit reached; see Retry-After",
+        503: "A dependency (database, broker) is unreachable",
+    }
+    # 422 always: any route with parameters can refuse them, and FastAPI would otherwise document
+    # its own `{"detail": [...]}` shape, which this API never sends.
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in sorted({*statuses, 422}):
+        out[status] = {"model": ErrorResponse, "description": descriptions[status]}
+        if status == 429:
+            retry = {"description": "Seconds to wait before retrying", "schema": {"type": "integer"}}
+            out[status]["headers"] = {"Retry-After": retry}
+    return out

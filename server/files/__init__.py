@@ -1,0 +1,1 @@
+"""Uploaded dataset files: validated before they are accepted, owned by a project."""

@@ -1,0 +1,182 @@
+"""Checks on what a spec may point at and pass on to the training process.
+
+A spec names models, tokenizers and datasets. A dataset may be an uploaded file of the caller's
+project (`file-...`); uploads are datasets only, so a model or tokenizer may not be one. Any of
+them may be an absolute local path that really lies (after resolving symlinks and `..`) inside
+one of the configured roots, or a hub id. What a value is follows from its spelling alone, never
+from what happens to exist in the server's working directory: `org/name` is a hub id even when
+such a relative path exists, and a relative path is refused.
+
+`model.kwargs` reaches `from_pretrained`/`from_config` as keyword arguments; many of those
+choose what code runs (remote code, hub kernels, unpickling with `weights_only=False`) or where
+files are read and written. So only the keys of `MODEL_KWARGS` are accepted, each with its
+values checked; model settings belong in `model.config`, whose keys may not name remote code,
+quantizers or private attributes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.db.models import File
+from server.errors import InvalidRequest
+from server.settings import Settings
+from twinkle_core.spec import JobSpec
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+HUB_SCHEMES = ("hf://", "ms://")
+CLASS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# model.kwargs: the only keys a spec may pass to from_pretrained / from_config, with a check of
+# each value. Everything else is refused: it would run other code (trust_remote_code, use_kernels,
+# a hub kernel as attn_implementation, weights_only=False), redirect files (cache_dir,
+# offload_folder, subfolder="../..", gguf_file), pretend to pin what the worker does not pin
+# (revision: hub models are downloaded once, at their default revision), or fight the strategy's
+# own placement (device_map, tp_plan, device_mesh).
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+VARIANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MODEL_KWARGS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "dtype": (f"one of {', '.join(DTYPES)}", lambda v: v in DTYPES),
+    "torch_dtype": (f"one of {', '.join(DTYPES)}", lambda v: v in DTYPES),
+    "attn_implementation": (
+        f"one of {', '.join(ATTN_IMPLEMENTATIONS)}",
+        lambda v: v in ATTN_IMPLEMENTATIONS,
+    ),
+    "low_cpu_mem_usage": ("true or false", lambda v: isinstance(v, bool)),
+    "ignore_mismatched_sizes": ("true or false", lambda v: isinstance(v, bool)),
+    "use_safetensors": ("true or false", lambda v: isinstance(v, bool)),
+    "use_cache": ("true or false", lambda v: isinstance(v, bool)),
+    "variant": ("letters, digits, '_' or '-'", lambda v: isinstance(v, str) and bool(VARIANT.match(v))),
+}
+# Keys of model.config that would run downloaded code, load a quantizer or move files elsewhere.
+FORBIDDEN_CONFIG_KEYS = frozenset(
+    {
+        "trust_remote_code",
+        "auto_map",
+        "quantization_config",
+        "cache_dir",
+        "offload_folder",
+        "token",
+        "use_auth_token",
+        "code_revision",
+    }
+)
+# Precisions each strategy can run; FSDP2's MixedPrecisionPolicy has no fp8.
+PRECISIONS_BY_STRATEGY = {"accelerate": {"no", "fp8", "fp16", "bf16"}, "native_fsdp": {"no", "fp16", "bf16"}}
+
+
+def check_reference(
+    value: str,
+    param: str,
+    session: Session,
+    project_id: str,
+    settings: Settings,
+    *,
+    uploads: bool = True,
+) -> None:
+    """Raise InvalidRequest naming `param` unless `value` is a usable file id, path or hub id.
+
+    `uploads=False` for a model or tokenizer: uploaded files are datasets, never models.
+    """
+    if not value or any(ord(ch) < 32 for ch in value):
+        raise InvalidRequest(f"{param} is empty or contains control characters", param=param)
+    if value.startswith("file-") and not uploads:
+        raise InvalidRequest(
+            f"{param}: '{value}' is an uploaded file id; uploads are datasets (data.train_file, "
+            "data.validation_file). Name a model by an absolute path under an allowed root or a hub id",
+            param=param,
+        )
+    if value.startswith("file-"):
+        found = session.scalar(select(File.id).where(File.id == value, File.project_id == project_id))
+        if found is None:
+            raise InvalidRequest(f"{param}: no file '{value}' in this project", param=param)
+        return
+    if value.startswith(HUB_SCHEMES):
+        if not HUB_ID.match(value[len("hf://") :]):
+            raise InvalidRequest(
+                f"{param}: '{value}' is not a valid hub id (expected scheme://org/name)", param=param
+            )
+        return
+    # By its spelling only: whatever exists relative to this process's working directory must
+    # not turn a hub id into a path (the worker's runner would not read it from there either).
+    looks_like_path = value.startswith(("/", ".", "~"))
+    if HUB_ID.match(value) and not looks_like_path:
+        return
+    if not looks_like_path:
+        raise InvalidRequest(
+            f"{param}: '{value}' is neither an uploaded file id (file-...), an absolute path under an "
+            "allowed root, nor a hub id (org/name, hf://org/name, ms://org/name)",
+            param=param,
+        )
+    check_local_path(value, param, settings)
+
+
+def check_local_path(value: str, param: str, settings: Settings) -> Path:
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        raise InvalidRequest(f"{param}: a local path must be absolute, got '{value}'", param=param)
+    real = Path(os.path.realpath(path))
+    roots = [Path(os.path.realpath(root)) for root in settings.allowed_root_paths]
+    if not any(real == root or real.is_relative_to(root) for root in roots):
+        raise InvalidRequest(f"{param}: '{value}' is outside the allowed data roots", param=param)
+    if not real.exists():
+        raise InvalidRequest(f"{param}: '{value}' does not exist", param=param)
+    return real
+
+
+def check_spec(
+    spec: JobSpec, session: Session, project_id: str, settings: Settings, prefix: str = "spec"
+) -> None:
+    """Everything about a spec that needs the database, the filesystem or cross-field policy."""
+    model = spec.model
+    references: list[tuple[str, str | None, bool]] = [
+        ("data.train_file", spec.data.train_file, True),
+        ("data.validation_file", spec.data.validation_file, True),
+        ("model.model_id", model.model_id, False),
+        ("model.tokenizer_id", model.tokenizer_id, False),
+    ]
+    for field, value, uploads in references:
+        if value is not None:
+            check_reference(value, f"{prefix}.{field}", session, project_id, settings, uploads=uploads)
+    if not CLASS_NAME.match(model.model_cls):
+        raise InvalidRequest(
+            f"{prefix}.model.model_cls must be a transformers class name, got '{model.model_cls}'",
+            param=f"{prefix}.model.model_cls",
+        )
+    allowed = PRECISIONS_BY_STRATEGY[model.strategy]
+    if model.mixed_precision not in allowed:
+        raise InvalidRequest(
+            f"{prefix}.model.mixed_precision '{model.mixed_precision}' is not supported by the "
+            f"'{model.strategy}' strategy (supported: {', '.join(sorted(allowed))})",
+            param=f"{prefix}.model.mixed_precision",
+        )
+    check_model_kwargs(model.kwargs, f"{prefix}.model.kwargs")
+    check_config_keys(model.config or {}, f"{prefix}.model.config")
+
+
+def check_model_kwargs(kwargs: dict[str, Any], param: str) -> None:
+    """Only the keys of MODEL_KWARGS, each with an accepted value (see MODEL_KWARGS)."""
+    for key, value in kwargs.items():
+        rule = MODEL_KWARGS.get(key)
+        if rule is None:
+            raise InvalidRequest(
+                f"{param}.{key} is not allowed in a job spec (allowed: {', '.join(MODEL_KWARGS)}; "
+                "model settings go in model.config)",
+                param=f"{param}.{key}",
+            )
+        expected, accepts = rule
+        if not accepts(value):
+            raise InvalidRequest(f"{param}.{key} must be {expected}, got {value!r}", param=f"{param}.{key}")
+
+
+def check_config_keys(config: dict[str, Any], param: str) -> None:
+    for key in config:
+        if key in FORBIDDEN_CONFIG_KEYS or key.startswith("_"):
+            raise InvalidRequest(f"{param}.{key} is not allowed in a job spec", param=f"{param}.{key}")

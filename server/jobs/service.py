@@ -1,0 +1,490 @@
+"""Job use cases: submit, read, act on. Services flush but never commit (the request does).
+
+Every status change goes through `server.jobs.lifecycle.transition`; waking a worker is
+registered to run after the commit so a worker never looks for a row that is not there yet.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from server.auth.service import Principal
+from server.common.pagination import split_page
+from server.db.models import Checkpoint, Job, JobEvent, Project
+from server.deps import after_commit
+from server.errors import Conflict, InvalidRequest, NotFound, RateLimited
+from server.jobs import repository
+from server.jobs.lifecycle import transition
+from server.jobs.references import check_spec
+from server.jobs.schemas import CheckpointRef, JobClone, JobCreate, JobError, JobOut, Progress
+from server.jobs.states import TERMINAL, InvalidTransition, JobStatus
+from server.settings import Settings
+from twinkle_core.spec import JobSpec
+
+Dispatch = Callable[[str], None]
+S = JobStatus
+QUEUE_LIMIT_RETRY_SECONDS = 30
+ETA_WINDOW = 20
+
+
+def request_hash(body: JobCreate | JobClone, clone_of: str | None = None) -> str:
+    payload = body.model_dump(mode="json")
+    if clone_of is not None:
+        # A clone of another job with the same overrides is another request.
+        payload = {"clone_of": clone_of, **payload}
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def get_job(session: Session, principal: Principal, job_id: str) -> Job:
+    job = repository.get_job(session, principal.project_id, job_id)
+    if job is None:
+        raise NotFound(f"no job '{job_id}' in this project", param="job_id")
+    return job
+
+
+def _check_queue_limit(session: Session, project_id: str) -> None:
+    """Refuse a new queued job when the project is at `max_queued_jobs`.
+
+    The count and the insert that follows must be one critical section, or two concurrent
+    submits both count N-1 and both insert. So the project row is locked first, in the
+    transaction that then inserts the job (the request's, committed after it), and a concurrent
+    submit of the same project waits here until that commit and then counts the new job.
+    Unlimited projects take no lock.
+    """
+    if session.scalar(select(Project.max_queued_jobs).where(Project.id == project_id)) is None:
+        return
+    limit = _lock_project(session, project_id)
+    if limit is None:  # lifted in the meantime
+        return
+    waiting = repository.count_jobs(session, project_id, [S.QUEUED.value])
+    if waiting >= limit:
+        raise RateLimited(
+            f"the project already has {waiting} queued jobs, its limit (max_queued_jobs = {limit}); "
+            "submit again when one has started",
+            retry_after=QUEUE_LIMIT_RETRY_SECONDS,
+            code="project_queue_limit",
+        )
+
+
+def _lock_project(session: Session, project_id: str) -> int | None:
+    """Hold the project row until the transaction ends; returns its current `max_queued_jobs`.
+
+    PostgreSQL: `FOR NO KEY UPDATE` (waits for another holder, does not block inserts of rows
+    that merely reference the project). SQLite has no row locks and starts a transaction only at
+    the first write: a no-op UPDATE takes its one write lock now, before the count, so the count
+    sees every job committed before it and none can be committed until this transaction ends.
+    """
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(
+            update(Project)
+            .where(Project.id == project_id)
+            .values(max_queued_jobs=Project.max_queued_jobs)
+            .execution_options(synchronize_session=False)
+        )
+        return session.scalar(select(Project.max_queued_jobs).where(Project.id == project_id))
+    query = select(Project.max_queued_jobs).where(Project.id == project_id).with_for_update(key_share=True)
+    return session.scalar(query)
+
+
+def _insert_job(session: Session, principal: Principal, values: dict[str, Any], dispatch: Dispatch) -> Job:
+    job = Job(project_id=principal.project_id, status=S.QUEUED.value, **values)
+    session.add(job)
+    session.flush()
+    session.add(JobEvent(job_id=job.id, type="status", message="job queued", data={"to": S.QUEUED.value}))
+    session.flush()
+    job_id = job.id
+    after_commit(session, lambda: dispatch(job_id))
+    return job
+
+
+def create_job(
+    session: Session,
+    settings: Settings,
+    principal: Principal,
+    body: JobCreate,
+    dispatch: Dispatch,
+    idempotency_key: str | None = None,
+) -> tuple[Job, bool]:
+    """Returns (job, created). With an idempotency key seen before, the earlier job (created=False)."""
+    digest = request_hash(body)
+    earlier = _earlier(session, principal, idempotency_key, digest)
+    if earlier is not None:
+        return earlier, False
+    check_spec(body.spec, session, principal.project_id, settings)
+    _check_queue_limit(session, principal.project_id)
+    values = {
+        "name": body.name,
+        "spec": body.spec.model_dump(mode="json"),
+        "priority": body.priority,
+        "max_retries": body.max_retries,
+        "timeout_seconds": body.timeout_seconds,
+        "metadata_": body.metadata,
+        "webhook_url": body.webhook_url,
+        "idempotency_key": idempotency_key,
+        "request_hash": digest,
+    }
+    return _insert_once(session, principal, values, dispatch)
+
+
+def _earlier(session: Session, principal: Principal, key: str | None, digest: str) -> Job | None:
+    """The job an earlier request with this Idempotency-Key made (409 if its body differed)."""
+    if key is None:
+        return None
+    earlier = repository.job_by_idempotency_key(session, principal.project_id, key)
+    return None if earlier is None else _replay(earlier, digest)
+
+
+def _insert_once(
+    session: Session, principal: Principal, values: dict[str, Any], dispatch: Dispatch
+) -> tuple[Job, bool]:
+    key = values.get("idempotency_key")
+    try:
+        return _insert_job(session, principal, values, dispatch), True
+    except IntegrityError:
+        if key is None:
+            raise
+        # A concurrent request with the same key won the insert; nothing else was written yet,
+        # so dropping this transaction loses nothing, and the winner's job is the answer.
+        session.rollback()
+        session.info.pop("after_commit", None)
+        earlier = _earlier(session, principal, key, values["request_hash"])
+        if earlier is None:
+            raise
+        return earlier, False
+
+
+def _replay(earlier: Job, digest: str) -> Job:
+    if earlier.request_hash != digest:
+        raise Conflict(
+            "this Idempotency-Key was already used with a different request body",
+            code="idempotency_key_reused",
+            param="Idempotency-Key",
+        )
+    return earlier
+
+
+def cancel_job(session: Session, principal: Principal, job_id: str) -> Job:
+    job = get_job(session, principal, job_id)
+    if job.status == S.CANCELLING:
+        return job
+    # Nothing runs yet (or any more): cancel at once. Otherwise the worker stops the processes.
+    direct = job.status in (S.QUEUED, S.PAUSED, S.RETRYING)
+    target = S.CANCELLED if direct else S.CANCELLING
+    return transition(session, job, target, action="cancel", message="cancel requested")
+
+
+def pause_job(session: Session, principal: Principal, job_id: str) -> Job:
+    job = get_job(session, principal, job_id)
+    if job.status in (S.PAUSING, S.PAUSED):
+        return job
+    target = S.PAUSED if job.status == S.QUEUED else S.PAUSING
+    return transition(session, job, target, action="pause", message="pause requested")
+
+
+def resume_job(
+    session: Session, principal: Principal, job_id: str, checkpoint_id: str | None, dispatch: Dispatch
+) -> Job:
+    job = get_job(session, principal, job_id)
+    if job.status not in (S.PAUSED, S.FAILED, S.CANCELLED):
+        # retrying -> queued is the worker's path, not a user's resume.
+        raise InvalidTransition(job.status, S.QUEUED.value, "resume")
+    _check_queue_limit(session, principal.project_id)  # a resumed job joins the queue as well
+    checkpoints = repository.live_checkpoints(session, [job.id])
+    chosen: Checkpoint | None
+    if checkpoint_id is not None:
+        chosen = next((c for c in checkpoints if c.id == checkpoint_id), None)
+        if chosen is None:
+            raise NotFound(f"no checkpoint '{checkpoint_id}' of job '{job.id}'", param="checkpoint")
+    else:
+        chosen = checkpoints[-1] if checkpoints else None
+    message = f"resume from checkpoint {chosen.id} (step {chosen.step})" if chosen else "resume from scratch"
+    job = transition(
+        session,
+        job,
+        S.QUEUED,
+        action="resume",
+        message=message,
+        resume_from=chosen.path if chosen else None,
+        error=None,
+        finished_at=None,
+    )
+    job_key = job.id
+    after_commit(session, lambda: dispatch(job_key))
+    return job
+
+
+def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def clone_job(
+    session: Session,
+    settings: Settings,
+    principal: Principal,
+    job_id: str,
+    body: JobClone,
+    dispatch: Dispatch,
+    idempotency_key: str | None = None,
+) -> tuple[Job, bool]:
+    """Returns (job, created), like `create_job`: a retried clone with its key makes one job."""
+    digest = request_hash(body, clone_of=job_id)
+    earlier = _earlier(session, principal, idempotency_key, digest)
+    if earlier is not None:
+        return earlier, False
+    source = get_job(session, principal, job_id)
+    merged = deep_merge(source.spec, body.spec)
+    try:
+        spec = JobSpec.model_validate(merged)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(["spec", *(str(p) for p in first["loc"])])
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            message = "unknown field"
+        raise InvalidRequest(f"{param}: {message}", param=param) from exc
+    check_spec(spec, session, principal.project_id, settings)
+    _check_queue_limit(session, principal.project_id)
+
+    def pick(value: Any, fallback: Any) -> Any:
+        return fallback if value is None else value
+
+    values = {
+        "name": pick(body.name, source.name),
+        "spec": spec.model_dump(mode="json"),
+        "priority": pick(body.priority, source.priority),
+        "max_retries": pick(body.max_retries, source.max_retries),
+        "timeout_seconds": pick(body.timeout_seconds, source.timeout_seconds),
+        "metadata_": pick(body.metadata, source.metadata_),
+        "webhook_url": pick(body.webhook_url, source.webhook_url),
+        "idempotency_key": idempotency_key,
+        "request_hash": digest,
+    }
+    job, created = _insert_once(session, principal, values, dispatch)
+    if created:
+        session.add(JobEvent(job_id=job.id, type="message", message=f"cloned from {source.id}"))
+        session.flush()
+    return job, created
+
+
+def job_dir(settings: Settings, job: Job) -> Path:
+    return Path(job.job_dir) if job.job_dir else settings.jobs_dir / job.id
+
+
+def remove_under_data_dir(settings: Settings, path: Path) -> None:
+    """Delete a job's artifacts, but never anything outside the service's data dir."""
+    real = Path(os.path.realpath(path))
+    if real != settings.data_dir and real.is_relative_to(settings.data_dir):
+        if real.is_dir():
+            shutil.rmtree(real, ignore_errors=True)
+        elif real.exists():
+            real.unlink(missing_ok=True)
+
+
+def delete_job(session: Session, settings: Settings, principal: Principal, job_id: str) -> None:
+    job = get_job(session, principal, job_id)
+    if job.status not in TERMINAL:
+        raise Conflict(
+            f"cannot delete: the job is '{job.status}'; cancel it first (only finished jobs are deleted)",
+            code="invalid_state",
+        )
+    artifacts = [job_dir(settings, job)]
+    artifacts += [
+        settings.data_dir / "archives" / f"{c.id}.tar" for c in repository.live_checkpoints(session, [job.id])
+    ]
+    # Events, metrics and checkpoints go with the row (ON DELETE CASCADE).
+    session.delete(job)
+    session.flush()
+
+    def remove_artifacts() -> None:
+        for path in artifacts:
+            remove_under_data_dir(settings, path)
+
+    after_commit(session, remove_artifacts)
+
+
+# ---------------------------------------------------------------------------- presentation
+
+
+def _checkpoint_ref(checkpoint: Checkpoint | None) -> CheckpointRef | None:
+    if checkpoint is None:
+        return None
+    return CheckpointRef(
+        id=checkpoint.id,
+        step=checkpoint.step,
+        metrics=checkpoint.metrics,
+        path=checkpoint.path,
+        created_at=checkpoint.created_at,
+    )
+
+
+def _eta_seconds(job: Job, points: list[tuple[int, datetime]]) -> float | None:
+    """Seconds left at the recent pace (from the last few logged steps, so resumes don't skew it)."""
+    if len(points) < 2 or not job.total_steps:
+        return None
+    (newest_step, newest_at), (oldest_step, oldest_at) = points[0], points[-1]
+    steps = newest_step - oldest_step
+    seconds = (newest_at - oldest_at).total_seconds()
+    if steps <= 0 or seconds <= 0:
+        return None
+    return round(seconds / steps * (job.total_steps - job.step), 1)
+
+
+def _has_eta(job: Job) -> bool:
+    return job.status == S.RUNNING and bool(job.total_steps) and job.step < (job.total_steps or 0)
+
+
+def _checkpoint_refs(session: Session, jobs: list[Job]) -> dict[str, repository.CheckpointRefs]:
+    latest: dict[str, Checkpoint] = {}
+    best: dict[str, Checkpoint] = {}
+    for ckpt in repository.live_checkpoints(session, [j.id for j in jobs]):  # by step: last seen is latest
+        latest[ckpt.job_id] = ckpt
+        if ckpt.is_best:
+            best[ckpt.job_id] = ckpt
+    return {j.id: repository.CheckpointRefs(latest.get(j.id), best.get(j.id)) for j in jobs}
+
+
+def present_jobs(
+    session: Session, jobs: list[Job], checkpoints: Mapping[str, repository.CheckpointRefs] | None = None
+) -> list[JobOut]:
+    """The API view of jobs. A fixed number of queries for any page: checkpoints (unless the
+    caller read them with the jobs, `read_job`/`read_jobs`), queue places, recent pace."""
+    refs = checkpoints if checkpoints is not None else _checkpoint_refs(session, jobs)
+    positions = repository.queue_positions(session, jobs)
+    paces = repository.recent_metric_points(session, [j.id for j in jobs if _has_eta(j)], "loss", ETA_WINDOW)
+    out = []
+    for job in jobs:
+        percent = None
+        if job.total_steps:
+            percent = round(min(100.0, 100.0 * job.step / job.total_steps), 2)
+        error = None
+        if job.error:
+            error = JobError(
+                kind=str(job.error.get("kind", "infra")), message=str(job.error.get("message", ""))
+            )
+        ref = refs.get(job.id) or repository.CheckpointRefs(None, None)
+        out.append(
+            JobOut(
+                id=job.id,
+                name=job.name,
+                status=job.status,
+                spec=job.spec,
+                priority=job.priority,
+                max_retries=job.max_retries,
+                timeout_seconds=job.timeout_seconds,
+                metadata=job.metadata_,
+                webhook_url=job.webhook_url,
+                attempt=job.attempt,
+                progress=Progress(
+                    step=job.step,
+                    total_steps=job.total_steps,
+                    epoch=job.epoch,
+                    percent=percent,
+                    loss=job.loss,
+                    lr=job.lr,
+                    tokens_per_second=job.tokens_per_second,
+                    eta_seconds=_eta_seconds(job, paces[job.id]) if job.id in paces else None,
+                ),
+                queue_position=positions.get(job.id),
+                latest_checkpoint=_checkpoint_ref(ref.latest),
+                best_checkpoint=_checkpoint_ref(ref.best),
+                resume_from=job.resume_from,
+                error=error,
+                created_at=job.created_at,
+                updated_at=job.updated_at,
+                started_at=job.started_at,
+                finished_at=job.finished_at,
+            )
+        )
+    return out
+
+
+def read_job(session: Session, principal: Principal, job_id: str) -> JobOut:
+    """GET of one job: the job and its checkpoints in one query, then presented."""
+    row = repository.read_job(session, principal.project_id, job_id)
+    if row is None:
+        raise NotFound(f"no job '{job_id}' in this project", param="job_id")
+    job, refs = row
+    return present_jobs(session, [job], {job.id: refs})[0]
+
+
+def _page(
+    session: Session,
+    principal: Principal,
+    *,
+    statuses: list[str],
+    name: str | None,
+    metadata: dict[str, str],
+    after: str | None,
+    limit: int,
+) -> tuple[list[tuple[Job, repository.CheckpointRefs]], bool]:
+    cursor: tuple[datetime, str] | None = None
+    if after is not None:
+        anchor = repository.get_job(session, principal.project_id, after)
+        if anchor is None:
+            raise InvalidRequest(f"after: no job '{after}' in this project", param="after")
+        cursor = (anchor.created_at, anchor.id)
+    rows = repository.list_jobs(
+        session,
+        principal.project_id,
+        statuses=statuses,
+        name=name,
+        metadata=metadata,
+        after=cursor,
+        limit=limit,
+    )
+    return split_page(rows, limit)
+
+
+def list_jobs(
+    session: Session,
+    principal: Principal,
+    *,
+    statuses: list[str],
+    name: str | None,
+    metadata: dict[str, str],
+    after: str | None,
+    limit: int,
+) -> tuple[list[Job], bool]:
+    rows, has_more = _page(
+        session, principal, statuses=statuses, name=name, metadata=metadata, after=after, limit=limit
+    )
+    return [job for job, _refs in rows], has_more
+
+
+def read_jobs(
+    session: Session,
+    principal: Principal,
+    *,
+    statuses: list[str],
+    name: str | None,
+    metadata: dict[str, str],
+    after: str | None,
+    limit: int,
+) -> tuple[list[JobOut], bool]:
+    """A presented page of jobs: one query for the jobs and their checkpoints, plus at most one
+    for queue places and one for the pace of running jobs."""
+    rows, has_more = _page(
+        session, principal, statuses=statuses, name=name, metadata=metadata, after=after, limit=limit
+    )
+    jobs = [job for job, _refs in rows]
+    return present_jobs(session, jobs, {job.id: refs for job, refs in rows}), has_more

@@ -1,0 +1,1 @@
+"""OpenAI-compatible fine-tuning endpoints over the same job store."""

@@ -1,0 +1,205 @@
+"""Translate between the OpenAI fine-tuning API and our jobs, which stay the one store.
+
+An OpenAI create becomes a `JobCreate` (hyperparameters resolved into the JobSpec) and goes through
+the same service as `POST /v1/jobs`; every OpenAI object is rendered from our rows, so both APIs
+always agree on a job's state.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from server.db.models import Checkpoint, Job
+from server.errors import InvalidRequest, param_from_loc
+from server.jobs.schemas import JobCreate, JobEventOut, JobOut
+from server.openai_compat.schemas import (
+    CheckpointMetrics,
+    FineTuningCheckpoint,
+    FineTuningError,
+    FineTuningEvent,
+    FineTuningJob,
+    FineTuningJobCreate,
+    Hyperparameters,
+    ResolvedHyperparameters,
+)
+
+BASE_LEARNING_RATE = 1e-5
+AUTO_EPOCHS = 3
+AUTO_BATCH_SIZE = 8
+EVENT_ID_PREFIX = "ftevent-"
+
+# Our statuses have more detail than OpenAI's; each maps to the state a client would act on.
+STATUS_MAP = {
+    "queued": "queued",
+    "retrying": "queued",
+    "starting": "running",
+    "running": "running",
+    "pausing": "running",
+    "cancelling": "running",
+    "paused": "paused",
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
+
+# Where an OpenAI field lands in the JobSpec, to name the OpenAI field in errors.
+FIELD_FOR_SPEC_PATH = {
+    "spec.model.model_id": "model",
+    "spec.data.train_file": "training_file",
+    "spec.data.validation_file": "validation_file",
+    "spec.training.num_epochs": "hyperparameters.n_epochs",
+    "spec.training.batch_size": "hyperparameters.batch_size",
+    "spec.optimizer.lr": "hyperparameters.learning_rate_multiplier",
+    "spec.training.seed": "seed",
+    "name": "suffix",
+}
+
+
+def _hyperparameters(body: FineTuningJobCreate) -> Hyperparameters:
+    method = body.method
+    if method and method.supervised and method.supervised.hyperparameters:
+        return method.supervised.hyperparameters
+    return body.hyperparameters or Hyperparameters()
+
+
+def to_job_create(body: FineTuningJobCreate) -> JobCreate:
+    """Resolve "auto" hyperparameters into a full job body; explicit values in twinkle_spec win over auto."""
+    if body.method and body.method.type != "supervised":
+        raise InvalidRequest("only the 'supervised' method is supported", param="method.type")
+    hp = _hyperparameters(body)
+    spec: dict[str, Any] = copy.deepcopy(body.twinkle_spec or {})
+    spec.setdefault("model", {})["model_id"] = body.model
+    data = spec.setdefault("data", {})
+    data["train_file"] = body.training_file
+    if body.validation_file:
+        data["validation_file"] = body.validation_file
+    training = spec.setdefault("training", {})
+    resources = spec.get("resources") or {}
+    world = int(resources.get("nnodes", 1)) * int(resources.get("nproc_per_node", 1))
+    if hp.n_epochs != "auto":
+        training["num_epochs"] = hp.n_epochs
+        training.pop("max_steps", None)
+    elif "num_epochs" not in training and "max_steps" not in training:
+        training["num_epochs"] = AUTO_EPOCHS
+    if hp.batch_size != "auto":
+        training["batch_size"] = hp.batch_size
+    elif "batch_size" not in training:
+        # The global batch splits over the ranks: round the default up to a multiple of them.
+        training["batch_size"] = -(-AUTO_BATCH_SIZE // world) * world
+    if hp.learning_rate_multiplier != "auto":
+        spec.setdefault("optimizer", {})["lr"] = BASE_LEARNING_RATE * hp.learning_rate_multiplier
+    if body.seed is not None:
+        training["seed"] = body.seed
+    try:
+        return JobCreate.model_validate({"name": body.suffix, "spec": spec, "metadata": body.metadata or {}})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = openai_param(param_from_loc(first["loc"]) or "")
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            message = "unknown field"
+        raise InvalidRequest(f"{param}: {message}", param=param) from exc
+
+
+def openai_param(native: str) -> str:
+    """The field a user of the OpenAI API wrote, for a path in our job body."""
+    if native in FIELD_FOR_SPEC_PATH:
+        return FIELD_FOR_SPEC_PATH[native]
+    return "twinkle_spec." + native.removeprefix("spec.") if native.startswith("spec.") else native
+
+
+def in_openai_terms(exc: InvalidRequest) -> InvalidRequest:
+    """The same error, naming the OpenAI field instead of our spec path."""
+    if exc.param is None:
+        return exc
+    param = openai_param(exc.param)
+    message = exc.message.replace(exc.param, param)
+    return InvalidRequest(message, param=param, code=exc.code)
+
+
+def _unix(value: Any) -> int | None:
+    return None if value is None else int(value.timestamp())
+
+
+def _number(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
+def present_job(job: Job, native: JobOut) -> FineTuningJob:
+    spec = job.spec
+    training, optimizer = spec["training"], spec["optimizer"]
+    hyper = ResolvedHyperparameters(
+        # With max_steps the epochs follow from the data's size; num_epochs would say nothing real.
+        n_epochs="auto" if training.get("max_steps") else _number(training["num_epochs"]),
+        batch_size=training["batch_size"],
+        learning_rate_multiplier=round(optimizer["lr"] / BASE_LEARNING_RATE, 6),
+    )
+    error = None
+    if job.error:
+        error = FineTuningError(
+            code=str(job.error.get("kind", "infra")), message=str(job.error.get("message", ""))
+        )
+    latest = native.latest_checkpoint
+    eta = native.progress.eta_seconds
+    return FineTuningJob(
+        id=job.id,
+        created_at=int(job.created_at.timestamp()),
+        finished_at=_unix(job.finished_at),
+        error=error,
+        fine_tuned_model=latest.path if latest and job.status == "succeeded" else None,
+        hyperparameters=hyper,
+        model=str(spec["model"].get("model_id") or ""),
+        organization_id=job.project_id,
+        seed=int(training["seed"]),
+        status=STATUS_MAP[job.status],
+        training_file=str(spec["data"]["train_file"]),
+        validation_file=spec["data"].get("validation_file"),
+        estimated_finish=int(time.time() + eta) if eta is not None else None,
+        metadata=job.metadata_ or None,
+        method={"type": "supervised", "supervised": {"hyperparameters": hyper.model_dump()}},
+        user_provided_suffix=job.name,
+        twinkle_job=native.model_dump(mode="json"),
+    )
+
+
+def present_event(event: JobEventOut) -> FineTuningEvent:
+    data = dict(event.data or {})
+    is_metrics = event.type == "metrics"
+    if is_metrics and "loss" in data:
+        data.setdefault("train_loss", data["loss"])
+    level = event.level if event.level in ("info", "warn", "error") else "info"
+    return FineTuningEvent(
+        id=f"{EVENT_ID_PREFIX}{event.id}",
+        created_at=int(event.created_at.timestamp()),
+        level=level,
+        message=event.message,
+        data=data or None,
+        type="metrics" if is_metrics else "message",
+    )
+
+
+def parse_event_cursor(after: str | None) -> int | None:
+    if after is None:
+        return None
+    raw = after.removeprefix(EVENT_ID_PREFIX)
+    if not raw.isdigit():
+        raise InvalidRequest(f"after: '{after}' is not an event id", param="after")
+    return int(raw)
+
+
+def present_checkpoint(checkpoint: Checkpoint) -> FineTuningCheckpoint:
+    metrics = checkpoint.metrics or {}
+    return FineTuningCheckpoint(
+        id=checkpoint.id,
+        created_at=int(checkpoint.created_at.timestamp()),
+        fine_tuned_model_checkpoint=checkpoint.path,
+        fine_tuning_job_id=checkpoint.job_id,
+        metrics=CheckpointMetrics(
+            step=checkpoint.step, train_loss=metrics.get("loss"), valid_loss=metrics.get("eval_loss")
+        ),
+        step_number=checkpoint.step,
+    )

@@ -1,0 +1,150 @@
+"""HTTP routes for watching a job: events (list and SSE stream), metrics, logs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi.responses import StreamingResponse
+
+from server.common.pagination import DEFAULT_LIMIT, MAX_LIMIT
+from server.deps import ReadPrincipal, SessionDep, SettingsDep
+from server.errors import InvalidRequest, error_responses
+from server.jobs import service as jobs
+from server.jobs.schemas import JobEventList, JobLogs, JobMetrics
+from server.progress import service
+from server.progress.stream import StreamTiming, job_event_stream
+
+router = APIRouter(prefix="/v1/jobs", tags=["progress"])
+
+JobId = Annotated[str, Path(max_length=64, description="A job id (job-...)")]
+ERRORS = error_responses(401, 403, 404, 422, 429)
+MAX_EVENT_ID = 2**63 - 1  # event ids are 64-bit integers
+EventType = Literal["message", "metrics", "status", "checkpoint"]
+EventLevel = Literal["info", "warn", "error"]
+
+
+@router.get("/{job_id}/events", operation_id="listJobEvents", response_model=JobEventList, responses=ERRORS)
+def list_events(
+    job_id: JobId,
+    session: SessionDep,
+    principal: ReadPrincipal,
+    after: Annotated[
+        int | None, Query(ge=0, le=MAX_EVENT_ID, description="The last event id already seen")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
+    order: Annotated[Literal["asc", "desc"], Query(description="asc: oldest first")] = "asc",
+    type: Annotated[list[EventType], Query(description="Only events of these types")] = [],  # noqa: B006
+    level: Annotated[list[EventLevel], Query(description="Only events of these levels")] = [],  # noqa: B006
+) -> JobEventList:
+    """The job's history: status changes, messages, metrics and checkpoints."""
+    job = jobs.get_job(session, principal, job_id)
+    data, has_more = service.list_events(
+        session,
+        job.id,
+        after=after,
+        limit=limit,
+        descending=order == "desc",
+        types=list(type),
+        levels=list(level),
+    )
+    return JobEventList(
+        data=data,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+        has_more=has_more,
+    )
+
+
+@router.get(
+    "/{job_id}/events/stream",
+    operation_id="streamJobEvents",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "Server-Sent Events; each `id:` is an event id, each `data:` a job event object",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        **ERRORS,
+    },
+)
+def stream_events(
+    request: Request,
+    job_id: JobId,
+    session: SessionDep,
+    principal: ReadPrincipal,
+    last_event_id: Annotated[
+        str | None, Header(alias="Last-Event-ID", max_length=32, description="Resume after this event id")
+    ] = None,
+    after: Annotated[
+        int | None,
+        Query(ge=0, le=MAX_EVENT_ID, description="Like Last-Event-ID, for clients without headers"),
+    ] = None,
+) -> StreamingResponse:
+    """Events as they happen; the stream ends after the job reaches a final state."""
+    job = jobs.get_job(session, principal, job_id)
+    start = after or 0
+    if last_event_id:
+        if not last_event_id.isdigit() or int(last_event_id) > MAX_EVENT_ID:
+            raise InvalidRequest("Last-Event-ID must be an event id (an integer)", param="Last-Event-ID")
+        start = int(last_event_id)
+    timing: StreamTiming = request.app.state.stream_timing
+    return StreamingResponse(
+        job_event_stream(request.app.state.session_factory, job.id, start, timing),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.get("/{job_id}/metrics", operation_id="getJobMetrics", response_model=JobMetrics, responses=ERRORS)
+def get_metrics(
+    job_id: JobId,
+    session: SessionDep,
+    principal: ReadPrincipal,
+    name: Annotated[
+        list[str],
+        Query(max_length=64, description="Series to return (loss, eval_loss, lr, ...); default all"),
+    ] = [],  # noqa: B006
+    max_points: Annotated[
+        int | None, Query(ge=2, le=10_000, description="Downsample each series to at most this many points")
+    ] = None,
+) -> JobMetrics:
+    """Scalar series per optimizer step, for charts."""
+    job = jobs.get_job(session, principal, job_id)
+    return JobMetrics(job_id=job.id, series=service.metric_series(session, job.id, list(name), max_points))
+
+
+@router.get("/{job_id}/logs", operation_id="getJobLogs", response_model=JobLogs, responses=ERRORS)
+def get_logs(
+    job_id: JobId,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: ReadPrincipal,
+    attempt: Annotated[
+        int | None, Query(ge=0, le=1_000_000, description="Which attempt; default the latest")
+    ] = None,
+    node: Annotated[
+        int | None, Query(ge=0, le=100_000, description="Only the logs of this node (a node rank)")
+    ] = None,
+    rank: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=100_000,
+            description="Only this rank's own logs: a global rank (node rank x nproc_per_node + local rank)",
+        ),
+    ] = None,
+    lines: Annotated[int, Query(ge=1, le=service.MAX_LOG_LINES, description="Lines from the end")] = 200,
+) -> JobLogs:
+    """The tail of the attempt log and of each rank's log file, from every node of the job."""
+    job = jobs.get_job(session, principal, job_id)
+    resources = (job.spec or {}).get("resources") or {}
+    selection = service.LogSelection(
+        attempt=attempt,
+        node=node,
+        rank=rank,
+        nnodes=int(resources.get("nnodes") or 1),
+        nproc_per_node=int(resources.get("nproc_per_node") or 1),
+    )
+    files = service.read_logs(jobs.job_dir(settings, job), selection, lines)
+    return JobLogs(job_id=job.id, files=files)

@@ -1,0 +1,106 @@
+"""Service settings, read from the environment with the prefix TWINKLE_.
+
+With nothing set the service runs on embedded defaults: SQLite and a SQLite-backed Celery broker
+inside the data dir, so one machine needs no database or broker server.
+"""
+
+from __future__ import annotations
+
+import socket
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    return Path.home() / ".twinkle-jobs"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TWINKLE_", extra="ignore")
+
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    database_url: str | None = Field(default=None, description="Default: SQLite in the data dir")
+    broker_url: str | None = Field(default=None, description="Default: an embedded SQLite broker")
+    bootstrap_token: str | None = Field(default=None, description="Admin token registered at start")
+    allowed_roots: str | None = Field(
+        default=None, description="Colon-separated directories a spec may name; default: the data dir"
+    )
+    worker_host: str = Field(default_factory=socket.gethostname)
+    worker_gpus: str | None = Field(
+        default=None, description="Comma-separated GPU ids a worker may lease; default: the GPUs it sees"
+    )
+    worker_slots: int = Field(default=1, ge=1, description="Jobs a GPU-less worker runs at once")
+    max_upload_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
+    max_request_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        description="Largest body of any request but an upload (JSON); larger ones get 413 unread",
+    )
+    heartbeat_seconds: float = Field(default=2.0, gt=0)
+    stale_after_seconds: float = Field(default=30.0, gt=0, description="Heartbeat age that marks a job lost")
+    hang_timeout_seconds: float = Field(default=1800.0, gt=0, description="No progress for this long = hung")
+    cancel_grace_seconds: float = Field(default=10.0, gt=0)
+    torchrun: str = Field(default="torchrun", description="The torchrun executable")
+    worker_address: str | None = Field(
+        default=None,
+        description="Address other hosts reach this worker's node-0 rendezvous at; default: the hostname",
+    )
+    gang_timeout_seconds: float = Field(
+        default=300.0, gt=0, description="How long a multi-node job waits for all its nodes to join"
+    )
+    artifact_url: str | None = Field(
+        default=None, description="Where checkpoints are stored: unset = the data dir; s3://bucket/prefix"
+    )
+    s3_endpoint_url: str | None = Field(
+        default=None, description="S3-compatible endpoint (MinIO, Ceph, ...); default: AWS"
+    )
+    ray_address: str | None = Field(
+        default=None,
+        description="A Ray cluster's job API (the dashboard, http://head:8265): this worker then also "
+        "runs resources.launcher='ray' jobs, as Ray jobs there; unset: it never claims them",
+    )
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @property
+    def rendezvous_address(self) -> str:
+        return self.worker_address or socket.gethostname()
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'twinkle.db'}"
+
+    @property
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{self.data_dir / 'broker.db'}"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"
+
+    @property
+    def files_dir(self) -> Path:
+        return self.data_dir / "files"
+
+    @property
+    def allowed_root_paths(self) -> list[Path]:
+        if not self.allowed_roots:
+            return [self.data_dir]
+        return [Path(p).expanduser().resolve() for p in self.allowed_roots.split(":") if p]
+
+    def ensure_dirs(self) -> None:
+        for path in (self.data_dir, self.jobs_dir, self.files_dir):
+            path.mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    settings = Settings()
+    settings.ensure_dirs()
+    return settings
