@@ -1,0 +1,67 @@
+"""The Celery app. The broker only wakes workers; SQL holds the queue and every job's status.
+
+- JSON serialisation only; no result backend (a task returning after a revoke would be recorded
+  as SUCCESS anyway: status lives in the jobs table).
+- `task_acks_late` + prefetch 1: a wake-up is acknowledged after the worker tried to claim.
+  The task itself returns within a second (it starts a supervisor thread), so Redis'
+  visibility timeout never sees a long-running message; and a redelivered or duplicated wake-up
+  finds nothing queued to claim, so it can never launch a job twice.
+- kombu's SQLAlchemy transport polls its table; setting `polling_interval` through
+  `broker_transport_options` crashes kombu 5.7.0, so it is set on the transport class.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from celery import Celery
+
+from server.settings import Settings, get_settings
+from worker import embedded_broker
+
+QUEUE = "twinkle"
+WAKE_TASK = "worker.wake"
+RECONCILE_TASK = "worker.reconcile"
+SQLA_POLL_SECONDS = 0.2
+
+embedded_broker.install(SQLA_POLL_SECONDS)
+
+
+def make_celery(settings: Settings) -> Celery:
+    settings.ensure_dirs()
+    app = Celery("twinkle_jobs", broker=settings.resolved_broker_url, include=["worker.tasks"])
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        result_backend=None,
+        task_acks_late=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=QUEUE,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        # Only matters for Redis: a message unacknowledged this long is redelivered. Wake-ups are
+        # acknowledged within seconds, and a redelivery is harmless (nothing left to claim).
+        broker_transport_options=(
+            {"visibility_timeout": 3600} if settings.resolved_broker_url.startswith("redis") else {}
+        ),
+        beat_schedule={
+            "reconcile": {
+                "task": RECONCILE_TASK,
+                "schedule": max(settings.stale_after_seconds / 2, 1.0),
+                "options": {"expires": max(settings.stale_after_seconds / 2, 1.0)},
+            }
+        },
+        # Beat's schedule file is process-local state: on the shared data dir several beats would
+        # write one shelve file at once.
+        beat_schedule_filename=str(
+            Path(tempfile.gettempdir()) / f"twinkle-beat-{settings.worker_host}-{os.getpid()}"
+        ),
+    )
+    return app
+
+
+app = make_celery(get_settings())

@@ -1,0 +1,103 @@
+"""Checkpoints on disk: find the latest complete one, measure and prune them (save_total_limit).
+
+A checkpoint directory `<job_dir>/checkpoints/step-N` counts only once its `COMPLETE` marker
+exists (the runner writes it last), so a run killed while saving never resumes from half a
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.checkpoints.storage import S3Store, is_remote
+from server.db.models import Checkpoint
+
+COMPLETE_MARKER = "COMPLETE"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def checkpoints_dir(job_dir: Path) -> Path:
+    return job_dir / "checkpoints"
+
+
+def complete_checkpoints(job_dir: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint, oldest first."""
+    root = checkpoints_dir(job_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and (child / COMPLETE_MARKER).exists():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest_complete_checkpoint(job_dir: Path) -> Path | None:
+    done = complete_checkpoints(job_dir)
+    return done[-1][1] if done else None
+
+
+def step_of(path: str | Path | None) -> int | None:
+    if path is None:
+        return None
+    match = _STEP_DIR.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def dir_size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue  # removed while we walked
+    return total
+
+
+def enforce_save_total_limit(session: Session, job_id: str, limit: int | None) -> list[Path]:
+    """`prune_checkpoints` for checkpoints on the file system: the directories to remove."""
+    return [Path(loc) for loc in prune_checkpoints(session, job_id, limit) if not is_remote(loc)]
+
+
+def prune_checkpoints(session: Session, job_id: str, limit: int | None) -> list[str]:
+    """Mark all but the newest `limit` checkpoints (and the best one) deleted in SQL.
+
+    Returns the locations to remove (directories, or `s3://` checkpoints); the caller removes them
+    after committing, so a failed transaction never leaves rows pointing at deleted files.
+    """
+    if limit is None:
+        return []
+    rows = session.scalars(
+        select(Checkpoint)
+        .where(Checkpoint.job_id == job_id, Checkpoint.deleted.is_(False))
+        .order_by(Checkpoint.step.desc())
+    ).all()
+    keep = {row.id for row in rows[:limit]} | {row.id for row in rows if row.is_best}
+    doomed = []
+    for row in rows:
+        if row.id not in keep:
+            row.deleted = True
+            doomed.append(row.path)
+    return doomed
+
+
+def remove_dirs(paths: list[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_stored_checkpoints(locations: list[str], job_dir: Path, store: S3Store | None) -> None:
+    """Remove pruned checkpoints of object storage: the objects and the job dir's local copy."""
+    for location in locations:
+        if store is not None:
+            store.delete(location)
+        local_copy = checkpoints_dir(job_dir) / location.rstrip("/").rsplit("/", 1)[-1]
+        shutil.rmtree(local_copy, ignore_errors=True)

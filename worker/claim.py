@@ -1,0 +1,93 @@
+"""Atomic claim of the next queued job: SQL is the queue, the broker only wakes workers.
+
+The claim is a compare-and-set through `transition` (`UPDATE ... WHERE status='queued'`); on
+PostgreSQL the candidate rows are also locked with `FOR UPDATE SKIP LOCKED` so that racing workers
+skip each other's candidates instead of queueing behind them. A duplicated or redelivered wake-up
+finds nothing to claim and does nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from server.db.models import Job, Project, utcnow
+from server.jobs.lifecycle import transition
+from server.jobs.states import ACTIVE, InvalidTransition, JobStatus
+from worker.attempt import launcher_of
+
+# How many queued jobs one claim looks at; enough to step over a few that do not fit.
+CANDIDATES = 32
+
+
+def nproc_of(spec: dict[str, Any]) -> int:
+    resources = spec.get("resources") or {}
+    return int(resources.get("nproc_per_node") or 1)
+
+
+def claim_next_job(
+    session: Session,
+    worker_id: str,
+    fits: Callable[[int], bool],
+    launchers: Collection[str] = ("torchrun",),
+) -> Job | None:
+    """Claim the highest-priority queued job (ties: oldest) for which `fits(nproc)` holds and
+    whose `resources.launcher` this worker has (a worker without a Ray address skips Ray jobs,
+    which wait for one that has it).
+
+    Sets status `starting`, `worker_id`, `attempt + 1` and a fresh heartbeat. The caller commits.
+    """
+    candidates = session.execute(
+        select(Job.id, Job.spec, Job.project_id)
+        .where(Job.status == JobStatus.QUEUED.value)
+        .order_by(Job.priority.desc(), Job.created_at, Job.id)
+        .limit(CANDIDATES)
+    ).all()
+    postgres = session.get_bind().dialect.name == "postgresql"
+    full_projects: set[str] = set()
+    for job_id, spec, project_id in candidates:
+        if project_id in full_projects or launcher_of(spec) not in launchers or not fits(nproc_of(spec)):
+            continue
+        if _project_at_limit(session, project_id):
+            full_projects.add(project_id)
+            continue
+        lock = select(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED.value)
+        if postgres:
+            # Lock this one row only: a racing worker skips it and takes the next candidate in
+            # priority order instead of waiting, and never jumps a whole batch of locked rows.
+            lock = lock.with_for_update(skip_locked=True)
+        job = session.scalars(lock.execution_options(populate_existing=True)).first()
+        if job is None:
+            continue  # claimed (or being claimed) by another worker
+        now = utcnow()
+        try:
+            return transition(
+                session,
+                job,
+                JobStatus.STARTING,
+                message=f"claimed by worker {worker_id} (attempt {job.attempt + 1})",
+                worker_id=worker_id,
+                attempt=job.attempt + 1,
+                started_at=job.started_at or now,
+                heartbeat_at=now,
+                pids=None,
+                gpu_ids=None,
+            )
+        except InvalidTransition:
+            continue  # another worker won this one (SQLite: the compare-and-set decides)
+    return None
+
+
+def _project_at_limit(session: Session, project_id: str) -> bool:
+    limit = session.scalar(select(Project.max_running_jobs).where(Project.id == project_id))
+    if limit is None:
+        return False
+    running = session.scalar(
+        select(func.count())
+        .select_from(Job)
+        .where(Job.project_id == project_id, Job.status.in_([s.value for s in ACTIVE]))
+    )
+    return (running or 0) >= limit

@@ -1,0 +1,219 @@
+"""The supervisor of a node other than 0 of a multi-node job.
+
+It owns this host's torchrun (`--node-rank i`) and nothing of the job row: node 0's supervisor
+records progress, checkpoints and the outcome. This one heartbeats its `gang_members` row, marks
+it `failed` when its torchrun dies (node 0 then fails the attempt on every node), and stops its
+process tree as soon as its row disappears or the job leaves the attempt it joined (node 0
+released the gang, the reconciler requeued the job, a user cancelled it).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.checkpoints.storage import artifact_store, is_remote, store_for
+from server.db.models import Checkpoint, Job, utcnow
+from server.db.session import session_scope
+from server.jobs.states import ACTIVE, JobStatus
+from server.settings import Settings
+from worker import gang
+from worker.checkpoints import COMPLETE_MARKER, checkpoints_dir, step_of
+from worker.launch import AttemptPaths, Rendezvous, resolve_torchrun, runner_env, torchrun_argv
+from worker.process_tree import ProcessTree, kill_all
+from worker.spec_resolution import resolve_spec, write_spec
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.5
+CONTROL_SECONDS = 1.0
+RUNNING = "running"
+
+
+class NodeSupervisor:
+    def __init__(
+        self,
+        settings: Settings,
+        job_id: str,
+        attempt: int,
+        member_id: str,
+        node_rank: int,
+        nnodes: int,
+        gpu_ids: list[str],
+        nproc_per_node: int,
+        runner: str,
+        on_exit: Callable[[NodeSupervisor], None],
+    ) -> None:
+        self.settings = settings
+        self.job_id = job_id
+        self.attempt = attempt
+        self.member_id = member_id
+        self.node_rank = node_rank
+        self.nnodes = nnodes
+        self.gpu_ids = gpu_ids
+        self.nproc_per_node = nproc_per_node
+        self.runner = runner
+        self.on_exit = on_exit
+        self.db = settings.resolved_database_url
+        self.job_dir = settings.jobs_dir / job_id
+        self.paths = AttemptPaths(self.job_dir, attempt, node_rank)
+        self.exit_code: int | None = None
+        self._shutdown = threading.Event()
+        self.thread = threading.Thread(target=self._main, name=f"node-{node_rank}-{job_id}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def request_shutdown(self) -> None:
+        self._shutdown.set()
+
+    def _main(self) -> None:
+        try:
+            self._run()
+        except Exception:
+            log.exception("node %d supervisor of job %s crashed", self.node_rank, self.job_id)
+            self._record_exit(gang.FAILED, None)
+        finally:
+            self.on_exit(self)
+
+    def _run(self) -> None:
+        ready = self._await_launch()
+        if ready is None:
+            return
+        rendezvous, resume_from = ready
+        argv = torchrun_argv(
+            resolve_torchrun(self.settings.torchrun),
+            self.nproc_per_node,
+            self.paths,
+            resume_from,
+            self.runner,
+            rendezvous,
+        )
+        self.paths.rank_logs.mkdir(parents=True, exist_ok=True)
+        with open(self.paths.log, "ab") as log_file:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=runner_env(self.job_id, self.job_dir, self.gpu_ids),
+                cwd=self.job_dir,
+                start_new_session=True,
+            )
+        self._launched_at = utcnow()
+        tree = ProcessTree(proc.pid)
+        try:
+            self._monitor(proc, tree)
+        finally:
+            if proc.poll() is None:
+                tree.terminate(self.settings.cancel_grace_seconds)
+            self.exit_code = proc.wait()
+            kill_all(tree.members.values())
+        # A node that leaves because its worker stops is not the job's fault: node 0 requeues it
+        # without charging a retry.
+        ended = gang.EXITED if self.exit_code == 0 else gang.FAILED
+        self._record_exit(gang.LEFT if self._shutdown.is_set() else ended, self.exit_code)
+
+    def _await_launch(self) -> tuple[Rendezvous, str | None] | None:
+        """Wait for node 0 to mark the gang `launching`; None when the gang ended first."""
+        # Node 0 gives up after gang_timeout_seconds; the margin covers its last poll.
+        deadline = time.monotonic() + self.settings.gang_timeout_seconds + 30
+        while time.monotonic() < deadline and not self._shutdown.is_set():
+            with session_scope(self.db) as session:
+                if not gang.update_member(session, self.member_id, heartbeat_at=utcnow()):
+                    return None  # released by node 0
+                job = session.get(Job, self.job_id, populate_existing=True)
+                if not self._same_attempt(job):
+                    return None
+                assert job is not None
+                rows = gang.members(session, self.job_id, self.attempt)
+                leader = rows[0] if rows else None
+                if leader is not None and leader.status == gang.LAUNCHING and len(rows) == self.nnodes:
+                    assert leader.address and leader.port
+                    if not self.paths.spec.exists():  # no shared file system: write our own copy
+                        self.job_dir.mkdir(parents=True, exist_ok=True)
+                        write_spec(resolve_spec(session, job), self.job_dir)
+                    resume_from = local_resume_point(self.settings, session, self.job_id, job.resume_from)
+                    gang.update_member(session, self.member_id, status=RUNNING)
+                    rendezvous = Rendezvous(
+                        self.nnodes,
+                        self.node_rank,
+                        leader.address,
+                        leader.port,
+                        self.settings.gang_timeout_seconds,
+                    )
+                    return rendezvous, resume_from
+            time.sleep(POLL_SECONDS)
+        with session_scope(self.db) as session:  # leave, so that another host can take the rank
+            gang.release_member(session, self.member_id)
+        return None
+
+    def _monitor(self, proc: subprocess.Popen[bytes], tree: ProcessTree) -> None:
+        pause_sent = False
+        while proc.poll() is None:
+            tree.refresh()
+            with session_scope(self.db) as session:
+                still_member = gang.update_member(session, self.member_id, heartbeat_at=utcnow())
+                job = session.get(Job, self.job_id, populate_existing=True)
+                if not still_member or not self._same_attempt(job):
+                    log.info("job %s node %d: the gang ended; stopping", self.job_id, self.node_rank)
+                    tree.terminate(self.settings.cancel_grace_seconds)
+                    return
+                assert job is not None
+                runner_started = job.running_since is not None and job.running_since >= self._launched_at
+                if job.status == JobStatus.PAUSING and runner_started and not pause_sent:
+                    # Every rank must reach the pause checkpoint together, not only node 0's. (Only
+                    # once the runner started: SIGUSR1 before its handler is installed kills it.)
+                    pause_sent = tree.signal_ranks(signal.SIGUSR1) > 0
+            if self._shutdown.is_set():
+                # Say so before stopping: node 0's ranks fail as soon as ours are gone, and its
+                # supervisor must already see why.
+                with session_scope(self.db) as session:
+                    gang.update_member(session, self.member_id, status=gang.LEFT)
+                tree.terminate(self.settings.cancel_grace_seconds)
+                return
+            time.sleep(CONTROL_SECONDS)
+
+    def _same_attempt(self, job: Job | None) -> bool:
+        return job is not None and job.attempt == self.attempt and JobStatus(job.status) in ACTIVE
+
+    def _record_exit(self, status: str, exit_code: int | None) -> None:
+        try:
+            with session_scope(self.db) as session:
+                gang.update_member(session, self.member_id, status=status, exit_code=exit_code)
+        except Exception:
+            log.exception("job %s node %d: could not record its exit", self.job_id, self.node_rank)
+
+
+def local_resume_point(
+    settings: Settings, session: Session, job_id: str, resume_from: str | None
+) -> str | None:
+    """Node 0's resume checkpoint as a path on this host.
+
+    With a shared file system that is node 0's own path. Otherwise it is the same `step-N` in this
+    host's job dir, downloaded from object storage (marker last) when this host lacks it.
+    """
+    if not resume_from:
+        return None
+    if (Path(resume_from) / COMPLETE_MARKER).exists():
+        return resume_from
+    local = checkpoints_dir(settings.jobs_dir / job_id) / Path(resume_from).name
+    if (local / COMPLETE_MARKER).exists():
+        return str(local)
+    query = select(Checkpoint).where(
+        Checkpoint.job_id == job_id, Checkpoint.step == step_of(resume_from), Checkpoint.deleted.is_(False)
+    )
+    row = session.scalar(query)
+    if row is None or not is_remote(row.path):
+        raise FileNotFoundError(f"resume checkpoint {resume_from} is not on this host nor in object storage")
+    store = artifact_store(settings) or store_for(row.path, settings)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    return str(store.download(row.path, local))

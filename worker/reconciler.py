@@ -1,0 +1,143 @@
+"""The reconciler: finds jobs whose worker is gone, cleans up after it and requeues them.
+
+It runs at worker start and periodically (Celery beat, and each worker's maintenance loop; every
+pass is idempotent because each requeue is a compare-and-set). A worker counts as gone when its
+heartbeat is older than `stale_after_seconds`, or, on this host, as soon as its process is dead.
+Processes of this host's jobs whose ancestry holds no live worker are orphans of a dead
+predecessor: they are killed before their job is requeued, so two attempts never overlap here.
+A Ray job's runner is not: Ray owns it, and the next attempt stops it through Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from pathlib import Path
+
+import psutil
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from server.db.models import Job, WorkerNode, utcnow
+from server.db.session import session_scope
+from server.jobs.states import ACTIVE, InvalidTransition
+from server.settings import Settings
+from worker.process_tree import kill_all, processes_referencing
+from worker.ray_launcher import RAY_LAUNCHED_ENV
+from worker.recovery import retry_or_fail
+from worker.registry import DEAD, ONLINE, process_is_alive
+
+log = logging.getLogger(__name__)
+
+
+def reconcile(settings: Settings, me: str | None = None) -> list[str]:
+    """One pass; returns the ids of the jobs it took back from lost workers."""
+    db = settings.resolved_database_url
+    with session_scope(db) as session:
+        live_local = _mark_dead_workers(session, settings)
+        worker_pids = _live_worker_pids_on_this_machine(session)
+    kill_orphans(settings, worker_pids)
+    with session_scope(db) as session:
+        lost = _lost_jobs(session, settings, me, set(live_local))
+    recovered = []
+    for job_id, worker_id, attempt in lost:
+        try:
+            with session_scope(db) as session:
+                job = session.get(Job, job_id, populate_existing=True)
+                if job is None or job.worker_id != worker_id or job.attempt != attempt:
+                    continue  # it moved on meanwhile
+                reason = f"worker {worker_id} lost (no heartbeat)"
+                retry_or_fail(
+                    session,
+                    job,
+                    settings.jobs_dir / job_id,
+                    reason,
+                    {"kind": "infra", "message": reason, "attempt": attempt},
+                )
+            recovered.append(job_id)
+            log.warning("reconciler: took job %s back from lost worker %s", job_id, worker_id)
+        except InvalidTransition:
+            continue
+    return recovered
+
+
+def _mark_dead_workers(session: Session, settings: Settings) -> dict[str, int]:
+    """Mark lost workers dead; return {worker id: pid} of the live workers of this host.
+
+    On this host a worker is alive exactly while its process is (a loaded machine may delay a
+    heartbeat, never a death); elsewhere only the heartbeat can tell.
+    """
+    stale = utcnow() - timedelta(seconds=settings.stale_after_seconds)
+    live_local: dict[str, int] = {}
+    for row in session.scalars(select(WorkerNode).where(WorkerNode.status == ONLINE)).all():
+        local = row.host == settings.worker_host
+        alive = process_is_alive(row) if local else row.heartbeat_at >= stale
+        if local and alive:
+            live_local[row.id] = row.pid
+        if not alive:
+            row.status = DEAD
+    return live_local
+
+
+def _live_worker_pids_on_this_machine(session: Session) -> set[int]:
+    """PIDs of online workers whose process runs on this machine, whatever host id they report.
+
+    Several workers may share a machine under different host ids (tests, or one worker per GPU
+    group); their job processes are not orphans, so every live worker process counts as a parent.
+    """
+    rows = session.scalars(select(WorkerNode).where(WorkerNode.status == ONLINE)).all()
+    return {row.pid for row in rows if psutil.pid_exists(row.pid)}
+
+
+def _lost_jobs(
+    session: Session, settings: Settings, me: str | None, live_local: set[str]
+) -> list[tuple[str, str, int]]:
+    """Active jobs whose owner is gone, or whose heartbeat went stale under a remote owner."""
+    stale = utcnow() - timedelta(seconds=settings.stale_after_seconds)
+    online = set(session.scalars(select(WorkerNode.id).where(WorkerNode.status == ONLINE)).all())
+    lost = []
+    for job in session.scalars(select(Job).where(Job.status.in_([s.value for s in ACTIVE]))).all():
+        if job.worker_id == me or job.worker_id in live_local:
+            continue  # supervised by a live process of this host
+        owner_gone = job.worker_id not in online
+        silent = job.heartbeat_at is None or job.heartbeat_at < stale
+        if owner_gone or silent:
+            lost.append((job.id, job.worker_id or "", job.attempt))
+    return lost
+
+
+def kill_orphans(settings: Settings, live_worker_pids: set[int]) -> list[int]:
+    """Kill this host's job processes that no live worker started; returns their PIDs."""
+    orphans = []
+    for proc in processes_referencing(str(settings.jobs_dir) + "/", "spec.json"):
+        if not _descends_from(proc, live_worker_pids) and not _runs_under_ray(proc):
+            orphans.append(proc)
+    if orphans:
+        log.warning("killing orphaned job processes %s", [p.pid for p in orphans])
+        kill_all(orphans)
+    return [p.pid for p in orphans]
+
+
+def _runs_under_ray(proc: psutil.Process) -> bool:
+    """A Ray job's runner (on a Ray node that is also this host) descends from Ray, not from a
+    worker: Ray owns it, and the next attempt stops it through Ray (worker.ray_launcher)."""
+    try:
+        return proc.environ().get(RAY_LAUNCHED_ENV) == "1"
+    except psutil.Error:
+        return False
+
+
+def _descends_from(proc: psutil.Process, ancestors: set[int]) -> bool:
+    try:
+        return any(parent.pid in ancestors for parent in proc.parents())
+    except psutil.Error:
+        return True  # gone already, or not ours to judge
+
+
+def mark_offline(settings: Settings, worker_id: str) -> None:
+    with session_scope(settings.resolved_database_url) as session:
+        session.execute(update(WorkerNode).where(WorkerNode.id == worker_id).values(status="offline"))
+
+
+def job_dir(settings: Settings, job_id: str) -> Path:
+    return settings.jobs_dir / job_id
