@@ -1,0 +1,242 @@
+"""The CLI as a CI pipeline uses it: `jobs submit --wait` passes when the fine-tune succeeds and
+fails the step when it fails; the other commands read what the job left behind or act on a job.
+
+The job-control commands run against a server with no worker, so a job stays `queued` exactly as
+long as the test needs it to; the following and progress output against a real worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from live_service import TOKEN, LiveService, tiny_spec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture()
+def service(tmp_path: Path, tiny_model_dir: Path) -> Iterator[LiveService]:
+    svc = LiveService.configure(tmp_path, [tiny_model_dir])
+    svc.start_server()
+    svc.start_worker()
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+@pytest.fixture()
+def idle_service(tmp_path: Path, tiny_model_dir: Path) -> Iterator[LiveService]:
+    """A server without any worker: submitted jobs stay queued until the test acts on them."""
+    svc = LiveService.configure(tmp_path, [tiny_model_dir])
+    svc.start_server()
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+def cli_command(service: LiveService, *args: str) -> tuple[list[str], dict[str, str]]:
+    env = {**os.environ, "TWINKLE_URL": service.url, "TWINKLE_TOKEN": TOKEN}
+    return [sys.executable, "-m", "server.cli.main", *args], env
+
+
+def cli(service: LiveService, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    argv, env = cli_command(service, *args)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def cli_json(service: LiveService, *args: str) -> Any:
+    result = cli(service, *args, "-o", "json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+def job_file(tmp_path: Path, name: str, spec: dict[str, Any]) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "spec": spec}))
+    return path
+
+
+def test_ci_script_passes_and_fails_with_the_job(
+    service: LiveService, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from twinkle_core.assets import write_text_dataset
+
+    dataset = write_text_dataset(tmp_path / "train.jsonl", n=32)
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump({"name": "ci-good", "spec": tiny_spec(tiny_model_dir, dataset, steps=2)}))
+
+    assert cli(service, "jobs", "validate", "-f", str(good)).returncode == 0
+
+    ok = cli(service, "jobs", "submit", "-f", str(good), "--wait", "-o", "json")
+    assert ok.returncode == 0, ok.stdout + ok.stderr + service.worker_log()
+    job = json.loads(ok.stdout)
+    assert job["status"] == "succeeded" and job["progress"]["step"] == 2
+
+    listed = json.loads(cli(service, "jobs", "list", "-o", "json").stdout)
+    assert [j["id"] for j in listed] == [job["id"]]
+
+    checkpoints = json.loads(cli(service, "checkpoints", "list", job["id"], "-o", "json").stdout)
+    assert checkpoints and checkpoints[0]["step"] == 2
+    archive = tmp_path / "ckpt.tar"
+    got = cli(service, "checkpoints", "download", job["id"], checkpoints[0]["id"], "--dest", str(archive))
+    assert got.returncode == 0, got.stderr
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert any(name.endswith("COMPLETE") for name in names)
+    assert any(name.endswith("config.json") for name in names)
+
+    logs = cli(service, "jobs", "logs", job["id"], "-n", "50")
+    assert logs.returncode == 0 and "==>" in logs.stdout
+
+    # A dataset with a broken line: a user error, so the job fails without retries and so does the step.
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "fine"}\n{"text": \n')
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "ci-bad", "spec": tiny_spec(tiny_model_dir, broken, steps=2)}))
+    failed = cli(service, "jobs", "submit", "-f", str(bad), "--wait")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "failed" in failed.stderr and "line 2" in failed.stderr
+
+
+def test_validate_names_the_bad_field(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("model: {model_id: org/m, mixed_precision: fp9}\ndata: {train_file: org/d}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "server.cli.main", "jobs", "validate", "-f", str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "spec.model.mixed_precision" in result.stderr
+
+
+def test_follow_shows_events_and_a_progress_line_with_step_loss_and_eta(
+    service: LiveService, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from twinkle_core.assets import write_text_dataset
+
+    dataset = write_text_dataset(tmp_path / "upload.jsonl", n=32)
+    uploaded = cli_json(service, "files", "upload", str(dataset))
+    assert uploaded["object"] == "file" and uploaded["rows"] == 32
+    assert [f["id"] for f in cli_json(service, "files", "list")] == [uploaded["id"]]
+    listed_text = cli(service, "files", "list")
+    assert uploaded["id"] in listed_text.stdout and "upload.jsonl" in listed_text.stdout
+
+    spec = tiny_spec(tiny_model_dir, dataset, steps=4, nproc=1)
+    spec["data"]["train_file"] = uploaded["id"]
+    followed = cli(service, "jobs", "submit", "-f", str(job_file(tmp_path, "ci-follow", spec)), "--follow")
+    assert followed.returncode == 0, followed.stdout + followed.stderr + service.worker_log()
+    out, err = followed.stdout, followed.stderr
+    assert out.startswith("submitted job-")
+    # Every event in order: queued first, each step, then the final status.
+    assert "[    status] job queued" in out
+    steps = [line for line in out.splitlines() if "[   metrics] step " in line]
+    assert [line.split("step ")[1].split(":")[0] for line in steps] == ["1", "2", "3", "4"]
+    assert out.index("job queued") < out.index("step 1") < out.index("step 4")
+    # One progress line per step on stderr; the ETA once two steps give a pace, until the last.
+    progress = [line for line in err.splitlines() if " step " in line and "/4" in line]
+    assert [p.split("step ")[1].split("/")[0] for p in progress] == ["1", "2", "3", "4"]
+    assert all(" loss " in p for p in progress)
+    assert "eta" not in progress[0] and "eta" in progress[1] and "eta" in progress[2]
+    assert "succeeded" in out.splitlines()[-1]
+
+
+def test_job_commands_act_on_a_queued_job(
+    idle_service: LiveService, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from twinkle_core.assets import write_text_dataset
+
+    dataset = write_text_dataset(tmp_path / "train.jsonl", n=16)
+    path = job_file(tmp_path, "ctl", tiny_spec(tiny_model_dir, dataset, steps=2))
+    job = cli_json(idle_service, "jobs", "submit", "-f", str(path))
+    assert job["status"] == "queued"
+    job_id = job["id"]
+
+    assert cli_json(idle_service, "jobs", "get", job_id)["name"] == "ctl"
+    assert cli_json(idle_service, "jobs", "pause", job_id)["status"] == "paused"
+    assert cli_json(idle_service, "jobs", "resume", job_id)["status"] == "queued"
+    clone = cli_json(
+        idle_service, "jobs", "clone", job_id, "--set", "training.max_steps=7", "--name", "ctl-2"
+    )
+    assert clone["id"] != job_id and clone["spec"]["training"]["max_steps"] == 7 and clone["name"] == "ctl-2"
+    assert cli_json(idle_service, "jobs", "cancel", job_id)["status"] == "cancelled"
+    text = cli(idle_service, "jobs", "get", job_id)
+    assert text.returncode == 0 and text.stdout.strip() == f"{job_id} cancelled"
+
+    events = cli(idle_service, "jobs", "events", job_id, "-o", "json")
+    assert events.returncode == 0, events.stderr
+    statuses = [e["data"]["to"] for e in map(json.loads, events.stdout.splitlines()) if e["type"] == "status"]
+    assert statuses == ["queued", "paused", "queued", "cancelled"]
+
+    queued = cli_json(idle_service, "jobs", "list", "--status", "queued", "--status", "paused")
+    assert [j["id"] for j in queued] == [clone["id"]]
+    both = cli_json(idle_service, "jobs", "list", "--status", "queued", "--status", "cancelled")
+    assert {j["id"] for j in both} == {job_id, clone["id"]}
+
+    # An action the state does not allow fails the command with the server's message.
+    again = cli(idle_service, "jobs", "pause", job_id)
+    assert again.returncode == 1 and "409" in again.stderr and "cancelled" in again.stderr
+
+
+def _wait_for_job(service: LiveService, name: str, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    with service.client() as client:
+        while time.monotonic() < deadline:
+            jobs = client.get("/v1/jobs", params={"name": name}).json()["data"]
+            if jobs:
+                return dict(jobs[0])
+            time.sleep(0.2)
+    raise TimeoutError(f"no job named {name} appeared")
+
+
+def test_wait_exits_2_when_the_job_is_cancelled(
+    idle_service: LiveService, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from twinkle_core.assets import write_text_dataset
+
+    dataset = write_text_dataset(tmp_path / "train.jsonl", n=16)
+    path = job_file(tmp_path, "to-cancel", tiny_spec(tiny_model_dir, dataset, steps=2))
+    argv, env = cli_command(idle_service, "jobs", "submit", "-f", str(path), "--wait")
+    waiting = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job = _wait_for_job(idle_service, "to-cancel")
+        assert cli(idle_service, "jobs", "cancel", job["id"]).returncode == 0
+        out, err = waiting.communicate(timeout=120)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert waiting.returncode == 2, out + err
+    assert f"job {job['id']} cancelled" in err
+
+
+def test_timeouts_end_the_wait_with_exit_3_even_when_no_event_comes(
+    idle_service: LiveService, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from twinkle_core.assets import write_text_dataset
+
+    dataset = write_text_dataset(tmp_path / "train.jsonl", n=16)
+    path = job_file(tmp_path, "silent", tiny_spec(tiny_model_dir, dataset, steps=2))
+    for mode in ("--follow", "--wait"):
+        started = time.monotonic()
+        result = cli(idle_service, "jobs", "submit", "-f", str(path), mode, "--timeout", "3", timeout=120)
+        elapsed = time.monotonic() - started
+        assert result.returncode == 3, mode + result.stdout + result.stderr
+        assert "still queued after the 3.0 s timeout" in result.stderr
+        # Well before the stream's 15 s keep-alive: the deadline does not wait for an event.
+        assert elapsed < 14, (mode, elapsed)
+    job = _wait_for_job(idle_service, "silent")
+    watched = cli(idle_service, "jobs", "events", job["id"], "--follow", "--timeout", "2", timeout=120)
+    assert watched.returncode == 3 and "job queued" in watched.stdout

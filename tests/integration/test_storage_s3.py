@@ -1,0 +1,154 @@
+"""A worker with `TWINKLE_ARTIFACT_URL=s3://...` (moto's S3 server on loopback): checkpoints are
+uploaded after their marker and recorded with `s3://` locations, pruning deletes their objects,
+and a job resumed on a host without the files (job dir gone) downloads its checkpoint first."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tarfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from test_worker_support import WorkerEnv, fake_runner, fake_spec, sqlite_env
+
+from server.checkpoints.service import checkpoint_archive
+from server.checkpoints.storage import store_for
+from server.db.models import Checkpoint
+from server.db.session import session_scope
+from worker.dispatch import send_wakeup
+
+moto_server = pytest.importorskip("moto.server")
+boto3 = pytest.importorskip("boto3")
+
+pytestmark = pytest.mark.slow
+
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture()
+def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def env(tmp_path: Path, s3_endpoint: str) -> Iterator[WorkerEnv]:
+    bucket = f"twinkle-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    yield from sqlite_env(
+        tmp_path,
+        TWINKLE_WORKER_RUNNER=str(fake_runner(tmp_path)),
+        TWINKLE_ARTIFACT_URL=f"s3://{bucket}/prod",
+        TWINKLE_S3_ENDPOINT_URL=s3_endpoint,
+        **CREDENTIALS,
+    )
+
+
+def checkpoint_rows(env: WorkerEnv, job_id: str) -> list[Checkpoint]:
+    with session_scope(env.database_url) as session:
+        rows = list(session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id)))
+        for row in rows:
+            session.expunge(row)
+        return sorted(rows, key=lambda r: r.step)
+
+
+def test_checkpoints_go_to_object_storage_and_a_job_resumes_from_there(
+    env: WorkerEnv, s3_endpoint: str
+) -> None:
+    spec = fake_spec(max_steps=16, save_every=2, step_seconds=0.5)
+    spec["training"]["save_total_limit"] = 2
+    job_id = env.submit(spec, max_retries=0)
+    env.start_worker()
+    env.wait_for(job_id, lambda j: j.step >= 5, timeout=60, what="step 5")
+    env.set_status(job_id, "pausing")
+    paused = env.wait_status(job_id, "paused", "succeeded", "failed", timeout=60)
+    assert paused.status == "paused", paused.error
+    env.stop_workers()
+
+    rows = checkpoint_rows(env, job_id)
+    live = [r for r in rows if not r.deleted]
+    assert all(r.path.startswith("s3://") and "/prod/jobs/" in r.path for r in rows), [r.path for r in rows]
+    assert len(live) == 2 and live[-1].step == paused.step
+    settings = env.settings()
+    settings.s3_endpoint_url = s3_endpoint
+    store = store_for(rows[0].path, settings)
+    for row in rows:  # pruned checkpoints lose their objects; kept ones are complete
+        assert store.is_complete(row.path) == (not row.deleted), row.path
+
+    # The server serves the newest one from the bucket alone.
+    shutil.rmtree(env.data_dir / "jobs" / job_id)  # as on a host without the worker's disk
+    archive = checkpoint_archive(settings, live[-1])
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert f"{job_id}-step-{live[-1].step}/COMPLETE" in names and any("state.json" in n for n in names)
+
+    # Resume on a worker that has none of the files: it downloads the checkpoint first.
+    env.set_status(job_id, "queued")
+    env.start_worker()
+    send_wakeup(job_id, env.settings())
+    done = env.wait_status(job_id, "succeeded", "failed", timeout=90)
+    assert done.status == "succeeded", done.error
+    resumed = [e for e in env.events(job_id) if "resuming from checkpoint" in e.message]
+    assert len(resumed) == 1, [e.message for e in env.events(job_id)]
+    local = Path(resumed[0].data["resume_from"])
+    assert local == env.data_dir / "jobs" / job_id / "checkpoints" / f"step-{paused.step}"
+    started = [e.data for e in env.events(job_id) if e.data and "start_step" in e.data]
+    assert [d["start_step"] for d in started] == [0, paused.step]
+    assert checkpoint_rows(env, job_id)[-1].path.endswith("/checkpoints/step-16")
+
+
+def test_a_node_without_the_resume_checkpoint_downloads_it_from_object_storage(
+    env: WorkerEnv, s3_endpoint: str, tmp_path: Path
+) -> None:
+    """Node i > 0 of a multi-node job, on a host without node 0's disk, resumes from the bucket."""
+    from server.checkpoints.storage import S3Store
+    from server.settings import Settings
+    from worker.gang_node import local_resume_point
+
+    job_id = env.submit(fake_spec(), wake=False)
+    node0_ckpt = tmp_path / "host-a" / "jobs" / job_id / "checkpoints" / "step-4"  # node 0's path
+    (node0_ckpt / "model").mkdir(parents=True)
+    (node0_ckpt / "model" / "shard-1.bin").write_bytes(bytes(range(256)) * 8)
+    (node0_ckpt / "COMPLETE").write_text("ok\n")
+    store = S3Store(env.extra_env["TWINKLE_ARTIFACT_URL"], s3_endpoint)
+    location = store.upload_checkpoint(job_id, node0_ckpt)
+    with session_scope(env.database_url) as session:
+        session.add(Checkpoint(job_id=job_id, step=4, path=location, metrics={}, size_bytes=2053))
+    expected_bytes = (node0_ckpt / "model" / "shard-1.bin").read_bytes()
+    shutil.rmtree(tmp_path / "host-a")  # not visible from this host
+
+    settings = Settings(
+        data_dir=env.data_dir,
+        database_url=env.database_url,
+        artifact_url=env.extra_env["TWINKLE_ARTIFACT_URL"],
+        s3_endpoint_url=s3_endpoint,
+    )
+    local = settings.jobs_dir / job_id / "checkpoints" / "step-4"
+    with session_scope(env.database_url) as session:
+        assert local_resume_point(settings, session, job_id, str(node0_ckpt)) == str(local)
+    assert (local / "model" / "shard-1.bin").read_bytes() == expected_bytes
+    assert (local / "COMPLETE").exists()
+    assert not list(local.parent.glob(".download-*"))  # no partial download left behind
+
+    store.delete(location)  # a second node start uses the local copy, without the bucket
+    with session_scope(env.database_url) as session:
+        assert local_resume_point(settings, session, job_id, str(node0_ckpt)) == str(local)
+        with pytest.raises(FileNotFoundError, match="step-6"):
+            local_resume_point(settings, session, job_id, str(node0_ckpt.parent / "step-6"))

@@ -1,0 +1,161 @@
+"""The OpenAI-compatible endpoints, driven by the official `openai` Python package.
+
+The client talks to the real app (SQLite and PostgreSQL) through FastAPI's TestClient, which is an
+httpx.Client, so every request goes through routing, auth and the database as over the network.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import openai
+import pytest
+from test_api_support import *  # noqa: F403
+from test_api_support import BOOTSTRAP, Api
+
+from server.db.models import Job
+
+
+@pytest.fixture()
+def oa(api: Api) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url="http://testserver/v1", api_key=BOOTSTRAP, http_client=api.client, max_retries=0
+    )
+
+
+def _upload(oa: openai.OpenAI, rows: int = 4) -> str:
+    content = "".join(json.dumps({"prompt": f"q{i}", "completion": f" a{i}"}) + "\n" for i in range(rows))
+    uploaded = oa.files.create(file=("train.jsonl", io.BytesIO(content.encode())), purpose="fine-tune")
+    assert uploaded.object == "file" and uploaded.bytes == len(content) and uploaded.filename == "train.jsonl"
+    return uploaded.id
+
+
+def test_openai_client_full_session(api: Api, oa: openai.OpenAI) -> None:
+    file_id = _upload(oa)
+    job = oa.fine_tuning.jobs.create(
+        model="org/tiny-llama",
+        training_file=file_id,
+        hyperparameters={"n_epochs": 2, "learning_rate_multiplier": 5},
+        suffix="my-run",
+        seed=7,
+        metadata={"team": "nlp"},
+    )
+    assert job.object == "fine_tuning.job" and job.status == "queued"
+    assert job.hyperparameters.n_epochs == 2
+    assert job.hyperparameters.batch_size == 8  # "auto", resolved and recorded
+    assert job.hyperparameters.learning_rate_multiplier == pytest.approx(5)
+    assert job.seed == 7 and job.training_file == file_id and job.metadata == {"team": "nlp"}
+    assert api.dispatched == [job.id]
+
+    # The same job through the native API: one store, the spec carries the resolved values.
+    native = api.client.get(f"/v1/jobs/{job.id}", headers=api.admin).json()
+    assert native["name"] == "my-run"
+    assert native["spec"]["training"]["num_epochs"] == 2 and native["spec"]["training"]["seed"] == 7
+    assert native["spec"]["optimizer"]["lr"] == pytest.approx(5e-5)
+
+    listed = oa.fine_tuning.jobs.list(limit=10)
+    assert [j.id for j in listed.data] == [job.id]
+    assert oa.fine_tuning.jobs.retrieve(job.id).user_provided_suffix == "my-run"
+
+    # A worker ran a few steps and saved a checkpoint (rows as the worker writes them).
+    api.force_status(job.id, "running", step=2, total_steps=4)
+    api.add_event(job.id, "step 2: loss=1.5", type_="metrics")
+    ckpt = api.add_checkpoint(job.id, 2)
+    assert oa.fine_tuning.jobs.retrieve(job.id).status == "running"
+
+    events = oa.fine_tuning.jobs.list_events(job.id, limit=50)
+    assert all(e.object == "fine_tuning.job.event" for e in events.data)
+    ids = [int(e.id.removeprefix("ftevent-")) for e in events.data]
+    assert ids == sorted(ids, reverse=True)  # newest first, as OpenAI lists them
+    assert {"message", "metrics"} >= {e.type for e in events.data}
+
+    checkpoints = oa.fine_tuning.jobs.checkpoints.list(job.id)
+    assert [c.id for c in checkpoints.data] == [ckpt["id"]]
+    assert checkpoints.data[0].step_number == 2
+    assert checkpoints.data[0].fine_tuned_model_checkpoint == ckpt["path"]
+    assert checkpoints.data[0].metrics.train_loss == pytest.approx(0.5)
+
+    cancelled = oa.fine_tuning.jobs.cancel(job.id)
+    assert cancelled.status == "running"  # cancelling: the worker still has to stop the processes
+    with api.session() as session:
+        assert session.get(Job, job.id).status == "cancelling"  # type: ignore[union-attr]
+
+
+def test_cancel_queued_and_pause_resume(oa: openai.OpenAI) -> None:
+    file_id = _upload(oa)
+    job = oa.fine_tuning.jobs.create(model="org/tiny-llama", training_file=file_id)
+    assert job.hyperparameters.n_epochs == 3 and job.hyperparameters.learning_rate_multiplier == 1
+    paused = oa.fine_tuning.jobs.pause(job.id)
+    assert paused.status == "paused"
+    assert oa.fine_tuning.jobs.resume(job.id).status == "queued"
+    assert oa.fine_tuning.jobs.cancel(job.id).status == "cancelled"
+    with pytest.raises(openai.ConflictError) as exc:
+        oa.fine_tuning.jobs.cancel(job.id)
+    assert "cancelled" in str(exc.value)
+
+
+def test_twinkle_spec_rides_along_and_errors_name_openai_fields(oa: openai.OpenAI) -> None:
+    file_id = _upload(oa)
+    job = oa.fine_tuning.jobs.create(
+        model="org/tiny-llama",
+        training_file=file_id,
+        extra_body={"twinkle_spec": {"training": {"max_steps": 5}, "resources": {"nproc_per_node": 2}}},
+    )
+    native = job.twinkle_job  # type: ignore[attr-defined]
+    assert native["spec"]["training"]["max_steps"] == 5
+    assert job.hyperparameters.n_epochs == "auto"  # max_steps sets the length, not the default 1 epoch
+    assert native["spec"]["training"]["batch_size"] == 8  # auto, a multiple of the 2 ranks
+
+    with pytest.raises(openai.UnprocessableEntityError) as exc:
+        oa.fine_tuning.jobs.create(model="org/tiny-llama", training_file="file-doesnotexist")
+    assert exc.value.body["param"] == "training_file"  # type: ignore[index]
+
+    with pytest.raises(openai.UnprocessableEntityError) as exc:
+        oa.fine_tuning.jobs.create(
+            model="org/tiny-llama",
+            training_file=file_id,
+            extra_body={"twinkle_spec": {"model": {"strategy": "x"}}},
+        )
+    assert exc.value.body["param"] == "twinkle_spec.model.strategy"  # type: ignore[index]
+
+    with pytest.raises(openai.UnprocessableEntityError):
+        oa.fine_tuning.jobs.create(
+            model="org/tiny-llama", training_file=file_id, hyperparameters={"n_epochs": 0}
+        )
+
+
+def test_other_projects_jobs_are_invisible(api: Api, oa: openai.OpenAI) -> None:
+    job = oa.fine_tuning.jobs.create(model="org/tiny-llama", training_file=_upload(oa))
+    other_token = api.token("other")["Authorization"].removeprefix("Bearer ")
+    other = openai.OpenAI(
+        base_url="http://testserver/v1", api_key=other_token, http_client=api.client, max_retries=0
+    )
+    with pytest.raises(openai.NotFoundError):
+        other.fine_tuning.jobs.retrieve(job.id)
+    assert other.fine_tuning.jobs.list().data == []
+
+
+def test_files_through_the_openai_client(oa: openai.OpenAI) -> None:
+    rows = [json.dumps({"text": f"line {i}"}) + "\n" for i in range(3)]
+    first = oa.files.create(file=("a.jsonl", io.BytesIO("".join(rows).encode())), purpose="fine-tune")
+    second = oa.files.create(file=("b.jsonl", io.BytesIO(rows[0].encode())), purpose="fine-tune")
+    # Shaped as OpenAI's FileObject: Unix seconds and a status, with our own fields beside them.
+    assert isinstance(first.created_at, int) and abs(first.created_at - time.time()) < 300
+    assert first.status == "processed" and first.purpose == "fine-tune"
+    assert first.rows == 3 and first.format == "jsonl"  # type: ignore[attr-defined]
+
+    assert [f.id for f in oa.files.list().data] == [second.id, first.id]  # newest first
+    # The SDK's auto-pagination follows our cursors (after = the last id of a page).
+    assert [f.id for f in oa.files.list(limit=1)] == [second.id, first.id]
+
+    got = oa.files.retrieve(first.id)
+    assert (got.filename, got.bytes, got.created_at) == ("a.jsonl", first.bytes, first.created_at)
+    assert oa.files.content(first.id).read() == "".join(rows).encode()
+
+    deleted = oa.files.delete(first.id)
+    assert deleted.deleted is True and deleted.id == first.id and deleted.object == "file"
+    with pytest.raises(openai.NotFoundError):
+        oa.files.retrieve(first.id)
+    assert [f.id for f in oa.files.list().data] == [second.id]

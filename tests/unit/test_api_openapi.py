@@ -1,0 +1,78 @@
+"""The committed OpenAPI document is current and documents what clients rely on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENT = ROOT / "openapi" / "openapi.json"
+
+
+def test_committed_openapi_is_current() -> None:
+    result = subprocess.run(
+        [sys.executable, "scripts/gen_openapi.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr + "\nRegenerate with: python scripts/gen_openapi.py"
+
+
+def test_check_fails_when_stale(tmp_path: Path) -> None:
+    stale = tmp_path / "openapi.json"
+    stale.write_text("{}\n")
+    result = subprocess.run(
+        [sys.executable, "scripts/gen_openapi.py", "--check", "--output", str(stale)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1 and "stale" in result.stderr
+
+
+def test_operations_have_stable_ids_and_documented_errors() -> None:
+    document = json.loads(DOCUMENT.read_text())
+    operations = {
+        (path, method): op for path, methods in document["paths"].items() for method, op in methods.items()
+    }
+    ids = [op["operationId"] for op in operations.values()]
+    assert len(ids) == len(set(ids))
+    assert {
+        "createJob",
+        "listJobs",
+        "getJob",
+        "cancelJob",
+        "pauseJob",
+        "resumeJob",
+        "cloneJob",
+        "deleteJob",
+        "listJobEvents",
+        "streamJobEvents",
+        "getJobMetrics",
+        "getJobLogs",
+        "listCheckpoints",
+        "downloadCheckpoint",
+        "uploadFile",
+        "listFiles",
+        "getFile",
+        "downloadFile",
+        "deleteFile",
+        "listWorkers",
+        "healthz",
+        "readyz",
+        "prometheusMetrics",
+    } <= set(ids)
+    for (path, _), op in operations.items():
+        if path.startswith("/v1/"):
+            assert {"401", "403", "429"} <= set(op["responses"]), path
+            assert op["responses"]["401"]["content"]["application/json"]["schema"]["$ref"].endswith(
+                "/ErrorResponse"
+            )
+    create = operations[("/v1/jobs", "post")]
+    assert {"200", "201", "409", "422"} <= set(create["responses"])
+    assert document["components"]["schemas"]["JobCreate"]["examples"]

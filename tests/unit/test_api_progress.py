@@ -1,0 +1,119 @@
+"""Watching a job: SSE with Last-Event-ID resume, metric series with downsampling, log tails."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from test_api_support import *  # noqa: F403
+from test_api_support import Api
+
+
+def parse_sse(text: str) -> list[dict[str, str]]:
+    events = []
+    for block in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.splitlines():
+            if line.startswith(":") or ":" not in line:
+                continue
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+        if "event" in fields:
+            events.append(fields)
+    return events
+
+
+def test_stream_resumes_after_last_event_id_and_ends_with_the_job(api: Api) -> None:
+    job = api.submit()
+    ids = [api.add_event(job["id"], f"line {i}") for i in range(3)]
+    api.client.post(f"/v1/jobs/{job['id']}/cancel", headers=api.admin)
+    headers = {**api.admin, "Last-Event-ID": str(ids[0])}
+    response = api.client.get(f"/v1/jobs/{job['id']}/events/stream", headers=headers)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = parse_sse(response.text)
+    assert [json.loads(e["data"])["message"] for e in events[:-1]] == ["line 1", "line 2", "cancel requested"]
+    assert [int(e["id"]) for e in events[:-1]][:2] == ids[1:]
+    assert events[-1]["event"] == "end" and json.loads(events[-1]["data"]) == {"status": "cancelled"}
+    # The query parameter works the same for clients that cannot set headers.
+    again = parse_sse(
+        api.client.get(f"/v1/jobs/{job['id']}/events/stream?after={ids[1]}", headers=api.admin).text
+    )
+    assert [json.loads(e["data"])["message"] for e in again[:-1]] == ["line 2", "cancel requested"]
+
+
+def test_stream_delivers_events_as_they_are_written(api: Api) -> None:
+    job = api.submit()
+    api.force_status(job["id"], "running")
+
+    def worker() -> None:
+        for i in range(3):
+            time.sleep(0.1)
+            api.add_event(job["id"], f"step {i}", type_="metrics")
+        time.sleep(0.1)
+        api.force_status(job["id"], "succeeded")
+
+    thread = threading.Thread(target=worker)
+    received: list[str] = []
+    with api.client.stream("GET", f"/v1/jobs/{job['id']}/events/stream", headers=api.admin) as response:
+        thread.start()
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                received.append(line)
+    thread.join()
+    messages = [json.loads(line[5:]).get("message") for line in received]
+    assert messages[:4] == ["job queued", "step 0", "step 1", "step 2"]
+    assert json.loads(received[-1][5:]) == {"status": "succeeded"}
+
+
+def test_stream_rejects_a_bad_last_event_id_and_other_projects(api: Api) -> None:
+    job = api.submit()
+    url = f"/v1/jobs/{job['id']}/events/stream"
+    response = api.client.get(url, headers={**api.admin, "Last-Event-ID": "abc"})
+    assert response.status_code == 422 and response.json()["error"]["param"] == "Last-Event-ID"
+    assert api.client.get(url, headers=api.token("elsewhere")).status_code == 404
+
+
+def test_metrics_series_and_downsampling(api: Api) -> None:
+    job = api.submit()
+    api.add_metrics(job["id"], "loss", [float(i) for i in range(1, 101)])
+    api.add_metrics(job["id"], "lr", [0.1] * 10)
+    url = f"/v1/jobs/{job['id']}/metrics"
+    everything = api.client.get(url, headers=api.admin).json()
+    assert everything["object"] == "job.metrics" and set(everything["series"]) == {"loss", "lr"}
+    assert len(everything["series"]["loss"]) == 100 and everything["series"]["loss"][0] == {
+        "step": 1,
+        "value": 1.0,
+    }
+    small = api.client.get(f"{url}?name=loss&max_points=10", headers=api.admin).json()["series"]
+    assert set(small) == {"loss"} and len(small["loss"]) == 10
+    assert small["loss"][0] == {"step": 10, "value": 5.5}  # mean of steps 1..10, placed at step 10
+    assert small["loss"][-1]["step"] == 100
+    assert api.client.get(f"{url}?max_points=1", headers=api.admin).status_code == 422
+
+
+def test_logs_tail_the_latest_attempt(api: Api) -> None:
+    job = api.submit()
+    logs = api.settings.jobs_dir / job["id"] / "logs"
+    rank_dir = logs / "attempt-2-ranks" / "run" / "attempt_0" / "1"
+    rank_dir.mkdir(parents=True)
+    (logs / "attempt-1.log").write_text("old\n")
+    (logs / "attempt-2.log").write_text("".join(f"line {i}\n" for i in range(500)))
+    (rank_dir / "stdout.log").write_text("rank one says hi\n")
+    url = f"/v1/jobs/{job['id']}/logs"
+    body = api.client.get(f"{url}?lines=3", headers=api.admin).json()
+    files = {f["name"]: f for f in body["files"]}
+    assert set(files) == {"attempt-2.log", "attempt-2-ranks/run/attempt_0/1/stdout.log"}
+    assert files["attempt-2.log"]["lines"] == ["line 497", "line 498", "line 499"]
+    assert files["attempt-2.log"]["truncated"] is True
+    assert files["attempt-2-ranks/run/attempt_0/1/stdout.log"]["truncated"] is False
+    first = api.client.get(f"{url}?attempt=1", headers=api.admin).json()["files"]
+    assert first == [{"name": "attempt-1.log", "lines": ["old"], "truncated": False}]
+    rank = api.client.get(f"{url}?rank=1", headers=api.admin).json()["files"]
+    assert [f["name"] for f in rank] == ["attempt-2-ranks/run/attempt_0/1/stdout.log"]
+
+
+def test_logs_of_a_job_that_never_ran_are_empty(api: Api) -> None:
+    job = api.submit()
+    assert api.client.get(f"/v1/jobs/{job['id']}/logs", headers=api.admin).json()["files"] == []

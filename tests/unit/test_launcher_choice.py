@@ -1,0 +1,100 @@
+"""`resources.launcher` without Ray: the API refuses what the Ray launcher cannot run (422 naming
+the field), a worker without a Ray address never claims a Ray job, and the worker picks the
+attempt implementation from the launcher. (On a live Ray cluster: tests/integration/test_ray_launcher.py.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_api_support import *  # noqa: F403
+from test_api_support import Api, spec_body
+
+from server.db.migrate import upgrade
+from server.db.models import Job, Project
+from server.db.session import session_scope
+from server.settings import Settings
+from worker.agent import WorkerAgent
+from worker.attempt import AttemptTarget, launcher_of, start_attempt
+from worker.claim import claim_next_job
+
+SPEC: dict[str, Any] = {"model": {"config": {}}, "data": {"train_file": "/dev/null"}}
+RAY_SPEC: dict[str, Any] = {**SPEC, "resources": {"launcher": "ray"}}
+
+
+def test_the_api_refuses_a_multi_node_ray_job_naming_the_field(api: Api) -> None:
+    body = spec_body()
+    body["spec"]["resources"] = {"nnodes": 2, "launcher": "ray"}
+    response = api.client.post("/v1/jobs", json=body, headers=api.admin)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["param"] == "spec.resources.launcher" and "one Ray node" in error["message"]
+    body["spec"]["resources"] = {"launcher": "mpirun"}
+    assert api.client.post("/v1/jobs", json=body, headers=api.admin).json()["error"]["param"] == (
+        "spec.resources.launcher"
+    )
+    assert api.dispatched == []
+    body["spec"]["resources"] = {"launcher": "ray", "nproc_per_node": 2}
+    body["spec"]["training"] = {"batch_size": 2}
+    created = api.client.post("/v1/jobs", json=body, headers=api.admin)
+    assert created.status_code == 201, created.text
+    assert created.json()["spec"]["resources"]["launcher"] == "ray"
+
+
+@pytest.fixture()
+def settings(tmp_path: Path) -> Settings:
+    s = Settings(data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path / 'db.sqlite'}")
+    s.ensure_dirs()
+    upgrade(s.resolved_database_url)
+    return s
+
+
+def add_jobs(settings: Settings, *specs: dict[str, Any]) -> list[str]:
+    with session_scope(settings.resolved_database_url) as session:
+        project = Project(name="p")
+        session.add(project)
+        session.flush()
+        jobs = [
+            Job(project_id=project.id, spec=spec, priority=len(specs) - i) for i, spec in enumerate(specs)
+        ]
+        session.add_all(jobs)
+        session.flush()
+        return [job.id for job in jobs]
+
+
+def claim(settings: Settings, launchers: tuple[str, ...]) -> str | None:
+    with session_scope(settings.resolved_database_url) as session:
+        job = claim_next_job(session, "w1", lambda n: True, launchers)
+        return job.id if job else None
+
+
+def test_a_worker_without_a_ray_address_leaves_ray_jobs_to_one_with_it(settings: Settings) -> None:
+    ray_job, torchrun_job = add_jobs(settings, RAY_SPEC, SPEC)  # the Ray job has the higher priority
+    assert WorkerAgent(settings).launchers == ("torchrun",)
+    assert claim(settings, ("torchrun",)) == torchrun_job
+    assert claim(settings, ("torchrun",)) is None  # the Ray job stays queued
+    ray_worker = WorkerAgent(settings.model_copy(update={"ray_address": "http://127.0.0.1:8265"}))
+    assert ray_worker.launchers == ("torchrun", "ray")
+    assert claim(settings, ray_worker.launchers) == ray_job
+
+
+def test_launcher_of_stored_specs_and_no_ray_job_without_an_address(tmp_path: Path) -> None:
+    assert launcher_of(SPEC) == "torchrun" and launcher_of(None) == "torchrun"  # older rows
+    assert launcher_of(RAY_SPEC) == "ray"
+    target = AttemptTarget("job-1", 1, "ray", 1, [])
+    with pytest.raises(RuntimeError, match="without TWINKLE_RAY_ADDRESS"):
+        start_attempt(target, ["true"], {}, tmp_path, tmp_path / "a.log", ray_address=None)
+    local = start_attempt(
+        AttemptTarget("job-1", 1, "torchrun", 1, []),
+        ["sh", "-c", "echo hi; exit 3"],
+        {"PATH": "/usr/bin:/bin"},
+        tmp_path,
+        tmp_path / "logs" / "a.log",
+        ray_address=None,
+    )
+    assert local.wait() == 3 and local.can_signal
+    local.reap()
+    assert (tmp_path / "logs" / "a.log").read_text() == "hi\n"
+    assert local.description.startswith("launched torchrun (pid ")

@@ -1,0 +1,111 @@
+"""JobSpec: minimal specs resolve to full defaults; every bad field is named in the error."""
+
+from __future__ import annotations
+
+import json
+import typing
+
+import pytest
+from pydantic import ValidationError
+
+from twinkle_core.spec import JobSpec, ModelSection
+
+MINIMAL = {"model": {"model_id": "/models/tiny"}, "data": {"train_file": "/data/train.jsonl"}}
+
+
+def error_locs(exc: ValidationError) -> list[str]:
+    return [".".join(str(p) for p in err["loc"]) for err in exc.errors()]
+
+
+def test_minimal_spec_resolves_every_section_with_defaults() -> None:
+    spec = JobSpec.model_validate(MINIMAL)
+    resolved = spec.model_dump()
+    assert set(resolved) == {"model", "adapter", "data", "training", "optimizer", "scheduler", "resources"}
+    assert resolved["model"]["mixed_precision"] == "bf16"
+    assert resolved["model"]["strategy"] == "accelerate"
+    assert resolved["model"]["model_cls"] == "AutoModelForCausalLM"
+    assert resolved["training"]["gradient_accumulation_steps"] == 1
+    assert resolved["resources"] == {"nnodes": 1, "nproc_per_node": 1, "launcher": "torchrun"}
+    assert resolved["adapter"] is None
+
+
+def test_model_section_mirrors_transformers_model_arguments() -> None:
+    # The seed's constructor arguments, by name; `**kwargs` travels as `kwargs`.
+    seed_args = {
+        "model_cls",
+        "model_id",
+        "config",
+        "device_mesh",
+        "mixed_precision",
+        "strategy",
+        "ddp_config",
+        "fsdp_config",
+        "grad_scaler_config",
+        "memory_efficient_init",
+        "kwargs",
+    }
+    assert seed_args <= set(ModelSection.model_fields)
+    precision = typing.get_args(ModelSection.model_fields["mixed_precision"].annotation)
+    assert set(precision) == {"no", "fp8", "fp16", "bf16"}
+
+
+def test_bad_precision_is_named() -> None:
+    with pytest.raises(ValidationError) as exc:
+        JobSpec.model_validate({**MINIMAL, "model": {"model_id": "x/y", "mixed_precision": "fp9"}})
+    assert error_locs(exc.value) == ["model.mixed_precision"]
+
+
+@pytest.mark.parametrize(
+    "patch, loc",
+    [
+        ({"bogus": 1}, "bogus"),
+        ({"training": {"max_stepz": 3}}, "training.max_stepz"),
+        ({"resources": {"nproc_per_node": 0}}, "resources.nproc_per_node"),
+        ({"optimizer": {"lr": -1}}, "optimizer.lr"),
+    ],
+)
+def test_unknown_or_invalid_fields_are_named(patch: dict[str, object], loc: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        JobSpec.model_validate({**MINIMAL, **patch})
+    assert loc in error_locs(exc.value)
+
+
+def test_mesh_must_match_world_size() -> None:
+    spec = {
+        **MINIMAL,
+        "model": {"model_id": "x/y", "device_mesh": {"dp_size": 2, "fsdp_size": 2}},
+        "resources": {"nproc_per_node": 2},
+        "training": {"batch_size": 4},
+    }
+    with pytest.raises(ValidationError, match="must equal the world size"):
+        JobSpec.model_validate(spec)
+    spec["resources"] = {"nproc_per_node": 4}
+    assert JobSpec.model_validate(spec).model.device_mesh is not None
+
+
+def test_batch_size_must_split_over_ranks() -> None:
+    with pytest.raises(ValidationError, match="divisible"):
+        JobSpec.model_validate({**MINIMAL, "resources": {"nproc_per_node": 3}, "training": {"batch_size": 8}})
+
+
+def test_model_needs_id_or_config() -> None:
+    with pytest.raises(ValidationError, match="model_id or config"):
+        JobSpec.model_validate({"model": {}, "data": {"train_file": "a.jsonl"}})
+
+
+def test_round_trip_through_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    spec = JobSpec.model_validate(MINIMAL)
+    spec.dump(tmp_path / "spec.json")
+    assert JobSpec.load(tmp_path / "spec.json") == spec
+    assert json.loads((tmp_path / "spec.json").read_text())["model"]["model_id"] == "/models/tiny"
+
+
+def test_the_launcher_is_torchrun_or_ray_and_ray_runs_one_node() -> None:
+    ray = JobSpec.model_validate({**MINIMAL, "resources": {"launcher": "ray", "nproc_per_node": 2}})
+    assert ray.resources.launcher == "ray"
+    with pytest.raises(ValidationError) as bad:
+        JobSpec.model_validate({**MINIMAL, "resources": {"launcher": "slurm"}})
+    assert error_locs(bad.value) == ["resources.launcher"]
+    with pytest.raises(ValidationError, match="launcher 'ray' runs a job on one Ray node") as multi:
+        JobSpec.model_validate({**MINIMAL, "resources": {"nnodes": 2, "launcher": "ray"}})
+    assert error_locs(multi.value) == ["resources.launcher"]

@@ -1,0 +1,267 @@
+"""Worker logic against a real (SQLite) database: claims, ingestion, retention, reconciler, webhooks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from server.db.migrate import upgrade
+from server.db.models import (
+    Checkpoint,
+    Job,
+    JobEvent,
+    JobMetric,
+    Project,
+    WebhookDelivery,
+    WorkerNode,
+    utcnow,
+)
+from server.db.session import session_scope
+from server.settings import Settings
+from worker import reconciler, retention, webhooks
+from worker.checkpoints import enforce_save_total_limit
+from worker.claim import claim_next_job
+from worker.ingest import ingest_events
+from worker.recovery import finish
+from worker.registry import process_started_at
+
+SPEC: dict[str, Any] = {"model": {"config": {}}, "data": {"train_file": "/dev/null"}}
+
+
+@pytest.fixture()
+def settings(tmp_path: Path) -> Settings:
+    s = Settings(data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path / 'db.sqlite'}")
+    s.ensure_dirs()
+    upgrade(s.resolved_database_url)
+    return s
+
+
+@pytest.fixture()
+def project(settings: Settings) -> str:
+    with session_scope(settings.resolved_database_url) as session:
+        p = Project(name="p", webhook_secret="s3cret")
+        session.add(p)
+        session.flush()
+        return p.id
+
+
+def add_job(settings: Settings, project: str, **fields: Any) -> str:
+    with session_scope(settings.resolved_database_url) as session:
+        job = Job(project_id=project, spec=fields.pop("spec", SPEC), **fields)
+        session.add(job)
+        session.flush()
+        return job.id
+
+
+def get_job(settings: Settings, job_id: str) -> Job:
+    with session_scope(settings.resolved_database_url) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        session.expunge(job)
+        return job
+
+
+def test_claim_takes_the_highest_priority_that_fits_once(settings: Settings, project: str) -> None:
+    low = add_job(settings, project, priority=0)
+    big = add_job(settings, project, priority=9, spec={**SPEC, "resources": {"nproc_per_node": 4}})
+    high = add_job(settings, project, priority=5)
+    url = settings.resolved_database_url
+    claimed = []
+    for _ in range(3):
+        with session_scope(url) as session:
+            job = claim_next_job(session, "w1", fits=lambda n: n <= 2)
+            claimed.append(job.id if job else None)
+    assert claimed == [high, low, None]  # the 4-GPU job does not fit; nothing left twice
+    job = get_job(settings, high)
+    assert (job.status, job.attempt, job.worker_id) == ("starting", 1, "w1")
+    assert get_job(settings, big).status == "queued"
+
+
+def test_claim_respects_the_project_running_limit(settings: Settings, project: str) -> None:
+    with session_scope(settings.resolved_database_url) as session:
+        session.get_one(Project, project).max_running_jobs = 1
+    add_job(settings, project)
+    add_job(settings, project)
+    with session_scope(settings.resolved_database_url) as session:
+        assert claim_next_job(session, "w1", fits=lambda n: True) is not None
+    with session_scope(settings.resolved_database_url) as session:
+        assert claim_next_job(session, "w1", fits=lambda n: True) is None
+
+
+def test_ingest_writes_metrics_events_checkpoints_and_enforces_the_limit(
+    settings: Settings, project: str, tmp_path: Path
+) -> None:
+    job_id = add_job(settings, project)
+    events: list[dict[str, Any]] = [{"event": "started", "total_steps": 3, "world_size": 2}]
+    for step in (1, 2, 3):
+        events.append({"event": "step", "step": step, "total_steps": 3, "loss": 1.0 / step, "lr": 0.1})
+        ckpt = tmp_path / f"step-{step}"
+        ckpt.mkdir()
+        (ckpt / "w.bin").write_bytes(b"x" * 100)
+        events.append({"event": "checkpoint", "step": step, "path": str(ckpt), "is_best": step == 1})
+    events.append({"event": "eval", "step": 3, "eval_loss": 0.7})
+    with session_scope(settings.resolved_database_url) as session:
+        seen, values = ingest_events(session, job_id, events, save_total_limit=1)
+    assert seen.started and seen.last_checkpoint == str(tmp_path / "step-3")
+    assert values["step"] == 3 and values["total_steps"] == 3 and values["loss"] == pytest.approx(1 / 3)
+    # limit 1: the newest stays, the best (step 1) stays, step 2 goes
+    assert seen.dirs_to_remove == [tmp_path / "step-2"]
+    with session_scope(settings.resolved_database_url) as session:
+        rows = {c.step: c for c in session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id))}
+        assert {s: r.deleted for s, r in rows.items()} == {1: False, 2: True, 3: False}
+        assert rows[3].size_bytes == 100
+        names = session.scalars(select(JobMetric.name).where(JobMetric.job_id == job_id)).all()
+        assert names.count("loss") == 3 and names.count("eval_loss") == 1
+        kinds = session.scalars(select(JobEvent.type).where(JobEvent.job_id == job_id)).all()
+        assert kinds.count("checkpoint") == 3 and kinds.count("metrics") == 4
+
+
+def test_enforce_limit_none_keeps_everything(settings: Settings, project: str) -> None:
+    with session_scope(settings.resolved_database_url) as session:
+        assert enforce_save_total_limit(session, "job-x", None) == []
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _lost_job(settings: Settings, project: str, attempt: int, max_retries: int) -> str:
+    with session_scope(settings.resolved_database_url) as session:
+        session.add(
+            WorkerNode(
+                id="w-dead",
+                host=settings.worker_host,
+                pid=_dead_pid(),
+                started_at=process_started_at(),
+                heartbeat_at=utcnow(),
+            )
+        )
+    job_id = add_job(
+        settings,
+        project,
+        status="running",
+        worker_id="w-dead",
+        attempt=attempt,
+        max_retries=max_retries,
+        heartbeat_at=utcnow(),
+    )
+    ckpt = settings.jobs_dir / job_id / "checkpoints" / "step-4"
+    ckpt.mkdir(parents=True)
+    (ckpt / "COMPLETE").write_text("ok")
+    (ckpt.parent / "step-6").mkdir()  # incomplete: never resumed from
+    return job_id
+
+
+def test_reconciler_requeues_a_dead_workers_job_from_its_latest_checkpoint(
+    settings: Settings, project: str
+) -> None:
+    job_id = _lost_job(settings, project, attempt=1, max_retries=2)
+    assert reconciler.reconcile(settings, me="w-me") == [job_id]
+    job = get_job(settings, job_id)
+    assert job.status == "queued" and job.resume_from.endswith("step-4")
+    assert reconciler.reconcile(settings, me="w-me") == []  # idempotent
+    with session_scope(settings.resolved_database_url) as session:
+        assert session.get_one(WorkerNode, "w-dead").status == "dead"
+        messages = session.scalars(select(JobEvent.message).where(JobEvent.job_id == job_id)).all()
+    assert any("resumes from checkpoint" in m and "step-4" in m for m in messages)
+
+
+def test_reconciler_fails_a_job_out_of_retries(settings: Settings, project: str) -> None:
+    job_id = _lost_job(settings, project, attempt=3, max_retries=2)
+    reconciler.reconcile(settings, me="w-me")
+    job = get_job(settings, job_id)
+    assert job.status == "failed" and job.error["kind"] == "infra"
+
+
+def test_reconciler_leaves_a_live_local_worker_alone(settings: Settings, project: str) -> None:
+    with session_scope(settings.resolved_database_url) as session:
+        session.add(
+            WorkerNode(
+                id="w-live",
+                host=settings.worker_host,
+                pid=__import__("os").getpid(),
+                started_at=process_started_at(),
+                heartbeat_at=utcnow() - timedelta(hours=1),  # slow heartbeat, live process
+            )
+        )
+    job_id = add_job(settings, project, status="running", worker_id="w-live", attempt=1)
+    assert reconciler.reconcile(settings) == []
+    assert get_job(settings, job_id).status == "running"
+
+
+def test_sweep_removes_directories_of_deleted_jobs(settings: Settings, project: str) -> None:
+    kept = add_job(settings, project)
+    for job_id in (kept, "job-deleted"):
+        (settings.jobs_dir / job_id / "checkpoints").mkdir(parents=True)
+    assert retention.sweep_deleted_jobs(settings, min_age_seconds=0) == ["job-deleted"]
+    assert (settings.jobs_dir / kept).exists() and not (settings.jobs_dir / "job-deleted").exists()
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    replies: list[int] = []
+    received: list[tuple[dict[str, str], bytes]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.received.append((dict(self.headers), body))
+        self.send_response(self.replies.pop(0) if self.replies else 200)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture()
+def receiver() -> Iterator[str]:
+    _Receiver.replies, _Receiver.received = [500], []
+    server = HTTPServer(("127.0.0.1", 0), _Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/hook"
+    server.shutdown()
+
+
+def test_terminal_job_webhook_is_signed_retried_and_recorded(
+    settings: Settings, project: str, receiver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(webhooks, "BACKOFF_BASE_SECONDS", 0.0)  # retry at once in the test
+    job_id = add_job(settings, project, status="running", worker_id="w", attempt=1, webhook_url=receiver)
+    url = settings.resolved_database_url
+    with session_scope(url) as session:
+        job = session.get_one(Job, job_id)
+        finish(session, job, settings.jobs_dir / job_id, "succeeded", message="done")  # type: ignore[arg-type]
+    assert webhooks.deliver_due(url) == 1  # HTTP 500: scheduled again
+    assert webhooks.deliver_due(url) == 1  # HTTP 200
+    assert webhooks.deliver_due(url) == 0
+    with session_scope(url) as session:
+        delivery = session.scalars(select(WebhookDelivery).where(WebhookDelivery.job_id == job_id)).one()
+        assert (delivery.status, delivery.attempts, delivery.response_status) == ("succeeded", 2, 200)
+        assert delivery.event == "job.succeeded"
+    headers, body = _Receiver.received[-1]
+    assert webhooks.verify("s3cret", headers[webhooks.SIGNATURE_HEADER], body)
+    assert not webhooks.verify("wrong", headers[webhooks.SIGNATURE_HEADER], body)
+    assert json.loads(body)["data"]["id"] == job_id and json.loads(body)["data"]["status"] == "succeeded"
+
+
+def test_sweep_creates_deliveries_for_jobs_finished_elsewhere(settings: Settings, project: str) -> None:
+    job_id = add_job(
+        settings, project, status="cancelled", webhook_url="http://127.0.0.1:9/x", finished_at=utcnow()
+    )
+    with session_scope(settings.resolved_database_url) as session:
+        assert webhooks.sweep_missing_deliveries(session) == 1
+    with session_scope(settings.resolved_database_url) as session:
+        assert webhooks.sweep_missing_deliveries(session) == 0
+        events = session.scalars(select(WebhookDelivery.event).where(WebhookDelivery.job_id == job_id)).all()
+    assert events == ["job.cancelled"]
