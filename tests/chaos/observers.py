@@ -7,6 +7,7 @@ import json
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,10 @@ class ApiProber:
     at most `max_jobs` unless a fault injector is waiting for a run (`demand`).
 
     Every call that is not 2xx, or raises, is recorded with its start and end time; a call
-    overlapping an API-restart window is excused by the test, nothing else is.
+    overlapping an API-restart window is excused by the test, nothing else is. Like a careful
+    client, each submission carries an `Idempotency-Key` and a failed one is sent again with the
+    same key before anything new: a server killed after its commit but before its answer must
+    give back that job, not leave one nobody knows of.
     """
 
     url_of: Callable[[], str]
@@ -54,6 +58,7 @@ class ApiProber:
     # that comes after the cap was reached still gets a fresh run (which worker claims a job is
     # not ours to choose, so the wait may need several).
     demand: threading.Event = field(default_factory=threading.Event)
+    _pending_key: str | None = None  # a submission whose answer never came
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -91,11 +96,18 @@ class ApiProber:
                 )
                 if self.submitted:
                     self._call(client, "GET /v1/jobs/{id}", "GET", f"/v1/jobs/{self.submitted[-1]}")
-                if queued is not None and self._should_submit(len(queued["data"])):
-                    job = self._call(client, "POST /v1/jobs", "POST", "/v1/jobs", json=self.job_body)
-                    if job is not None:
-                        self.submitted.append(job["id"])
+                if self._pending_key is not None and not self.no_submit.is_set():
+                    self._submit(client, self._pending_key)
+                elif queued is not None and self._should_submit(len(queued["data"])):
+                    self._submit(client, uuid.uuid4().hex)
                 self._stop.wait(0.5)
+
+    def _submit(self, client: httpx.Client, key: str) -> None:
+        headers = {"Idempotency-Key": key}
+        job = self._call(client, "POST /v1/jobs", "POST", "/v1/jobs", json=self.job_body, headers=headers)
+        self._pending_key = key if job is None else None
+        if job is not None and job["id"] not in self.submitted:
+            self.submitted.append(job["id"])
 
     def _should_submit(self, waiting: int) -> bool:
         return (
