@@ -469,14 +469,15 @@ def _shutdown_process_group() -> None:
         dist.destroy_process_group()
 
 
-def _exit_now(code: int) -> NoReturn:
-    """Leave without the interpreter's teardown once everything the run owes is written.
+def run(argv: list[str] | None = None) -> NoReturn:
+    """The process entry point: `main`, then leave without the interpreter's teardown.
 
     Under load on CPU a rank has aborted in C++ static destruction ("terminate called without an
     active exception") after its final checkpoint and `done` event, turning a finished job into
-    a failed attempt. The progress file is closed and the process group destroyed by `main`;
-    what is left to flush is Python's own buffers and logging handlers.
+    a failed attempt. By then `main` has closed the progress file and destroyed the process
+    group; all that is left to flush is Python's own buffers and logging handlers.
     """
+    code = main(argv)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
@@ -485,4 +486,4 @@ def _exit_now(code: int) -> NoReturn:
 
 
 if __name__ == "__main__":
-    _exit_now(main())
+    run()

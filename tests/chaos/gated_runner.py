@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -54,4 +53,4 @@ def gate_dir(job_dir: Path) -> Path:
 
 if __name__ == "__main__":
     train.JobRunner.after_step = _after_step  # type: ignore[method-assign]
-    sys.exit(train.main())
+    train.run()

@@ -169,7 +169,7 @@ def after_step(self, result):
     return outcome
 
 train.JobRunner.after_step = after_step
-sys.exit(train.main())
+train.run()
 """
 MAX_STEPS = 4
 

@@ -121,7 +121,7 @@ def check_stop(self):
     return original_check_stop(self)
 
 train.JobRunner.check_stop = check_stop
-sys.exit(train.main())
+train.run()
 """
 
 

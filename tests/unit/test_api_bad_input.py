@@ -236,6 +236,7 @@ class _Body:
 
 def _asgi_post(api: Api, path: str, body: _Body, headers: list[tuple[bytes, bytes]]) -> list[dict[str, Any]]:
     import asyncio
+    import threading
 
     sent: list[dict[str, Any]] = []
 
@@ -256,7 +257,22 @@ def _asgi_post(api: Api, path: str, body: _Body, headers: list[tuple[bytes, byte
         "client": ("127.0.0.1", 1234),
         "server": ("testserver", 80),
     }
-    asyncio.run(api.app(scope, body.receive, send))  # type: ignore[arg-type]
+    # In a thread of its own: an earlier test may leave this thread with a running event loop,
+    # in which asyncio.run() refuses to start another.
+    failure: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            asyncio.run(api.app(scope, body.receive, send))  # type: ignore[arg-type]
+        except BaseException as exc:  # re-raised in the test's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the app did not answer within 60 s"
+    if failure:
+        raise failure[0]
     return sent
 
 
