@@ -402,15 +402,36 @@ def _existing_file(location: str, field_name: str) -> str:
     return location
 
 
+# Words in a RuntimeError's message that name the machine rather than the job: device, driver
+# and collective failures, which another attempt (often on another worker) may not meet.
+_MACHINE_TROUBLE = ("cuda", "nccl", "gloo", "c10d", "cudnn", "cublas", "device-side")
+
+
 def classify_error(exc: BaseException, first_step_done: bool) -> str:
-    """'user' for what the submitter can fix, 'infra' for everything else (retried)."""
+    """'user' for what the submitter can fix (failed, not retried), 'infra' for the rest (retried).
+
+    Before the first step, a plain Python error (TypeError from a bad `model.kwargs`, KeyError
+    from a config, an ImportError for an attention backend that is not installed, a state dict
+    that does not fit) comes from the spec or the model and would fail the same way on every
+    retry, so it is the user's. What the machine or the network can cause stays infra:
+    collective and device errors, connection and time-outs, other OS errors (a hub download, a
+    full disk), and a signal. After the first step the job has proven it runs, so only the
+    clearly user-made errors below are final.
+    """
     import torch
 
     if isinstance(exc, (ValueError, FileNotFoundError, IsADirectoryError, PermissionError)):
         return "user"
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) and not first_step_done:
-        return "user"  # the job does not fit at all: a retry would fail the same way
-    return "infra"
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return "infra" if first_step_done else "user"  # does not fit at all: a retry fails the same
+    if first_step_done or not isinstance(exc, Exception):
+        return "infra"  # KeyboardInterrupt and other signals-as-exceptions included
+    machine = (torch.distributed.DistError, torch.AcceleratorError, ConnectionError, TimeoutError, OSError)
+    if isinstance(exc, machine):
+        return "infra"
+    if isinstance(exc, RuntimeError) and any(word in str(exc).lower() for word in _MACHINE_TROUBLE):
+        return "infra"
+    return "user"
 
 
 def main(argv: list[str] | None = None) -> int:

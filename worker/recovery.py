@@ -41,27 +41,40 @@ def retry_or_fail(
         return finish(session, job, job_dir, S.CANCELLED, message=f"cancelled ({reason})")
     if job.status == S.PAUSING:
         return finish(session, job, job_dir, S.PAUSED, message=f"paused ({reason})", resume_from=resume)
+    failures = job.failed_attempts + (1 if charge_retry else 0)
     transition(
-        session, job, S.RETRYING, message=f"attempt {job.attempt} failed: {reason}", level="warn", **RELEASED
+        session,
+        job,
+        S.RETRYING,
+        message=f"attempt {job.attempt} failed: {reason}",
+        level="warn",
+        failed_attempts=failures,
+        **RELEASED,
     )
-    if charge_retry and job.attempt > job.max_retries:
+    if failures > job.max_retries:
         return finish(
             session,
             job,
             job_dir,
             S.FAILED,
-            message=f"giving up after {job.attempt} attempts (max_retries={job.max_retries})",
+            message=f"giving up after {failures} failed attempts (max_retries={job.max_retries})",
             level="error",
-            error={**error, "kind": "infra", "attempts": job.attempt},
+            error={**error, "kind": "infra", "attempts": job.attempt, "failed_attempts": failures},
         )
     where = f"checkpoint {resume}" if resume else "the beginning (no complete checkpoint yet)"
+    why = f"retry {failures}/{job.max_retries}" if charge_retry else "handed back (no retry charged)"
     session.add(
         JobEvent(
             job_id=job.id,
             type="message",
             level="warn",
-            message=f"retry {job.attempt}/{job.max_retries}: attempt {job.attempt + 1} resumes from {where}",
-            data={"resume_from": resume, "attempt": job.attempt, "reason": reason},
+            message=f"{why}: attempt {job.attempt + 1} resumes from {where}",
+            data={
+                "resume_from": resume,
+                "attempt": job.attempt,
+                "failed_attempts": failures,
+                "reason": reason,
+            },
         )
     )
     return transition(session, job, S.QUEUED, message="requeued for retry", resume_from=resume, error=error)

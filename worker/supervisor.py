@@ -290,7 +290,10 @@ class Supervisor:
         last_control = 0.0
         pause_sent = False
         with session_scope(self.db) as session:
-            timeout = self._job(session).timeout_seconds
+            job = self._job(session)
+            timeout, spent = job.timeout_seconds, job.run_seconds
+        # The budget is the job's: what earlier attempts ran is already spent.
+        budget = None if not timeout else max(0.0, timeout - spent)
         while run.poll() is None:
             now = time.monotonic()
             pids_changed = run.refresh()
@@ -310,8 +313,10 @@ class Supervisor:
                 # SIGUSR1 before the runner installed its handler would kill it: wait for `started`.
                 if status == S.PAUSING and not pause_sent and self.seen.started:
                     pause_sent = run.signal_ranks(signal.SIGUSR1) > 0
-                if timeout and now - launched > timeout:
+                if budget is not None and now - launched > budget:
                     why = f"timeout: ran longer than timeout_seconds={timeout}"
+                    if spent:
+                        why += f" ({spent:.0f} s of it in earlier attempts)"
                     return self._stop(run, StopCause(Outcome.TIMEOUT, why))
                 if now - last_progress > self.settings.hang_timeout_seconds:
                     why = f"hang: no progress for {self.settings.hang_timeout_seconds:.0f} s"

@@ -69,6 +69,7 @@ def job_object(job: Job) -> dict[str, Any]:
         "priority": job.priority,
         "attempt": job.attempt,
         "max_retries": job.max_retries,
+        "failed_attempts": job.failed_attempts,
         "error": job.error,
         "step": job.step,
         "total_steps": job.total_steps,

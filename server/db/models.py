@@ -126,6 +126,12 @@ class Job(Base):
     request_hash: Mapped[str | None] = mapped_column(String(64), default=None)
 
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Infra failures charged against `max_retries`. Not `attempt`: a pause, a handback by a
+    # stopping worker or a lost gang member also start a new attempt, and must not spend it.
+    failed_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Seconds spent running, summed over finished attempts: `timeout_seconds` bounds the job,
+    # not each attempt (a retried job would otherwise run up to max_retries+1 times as long).
+    run_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     worker_id: Mapped[str | None] = mapped_column(String(64), default=None)
     gpu_ids: Mapped[list[Any] | None] = mapped_column(default=None)
     pids: Mapped[list[Any] | None] = mapped_column(default=None)

@@ -15,6 +15,9 @@ from sqlalchemy.orm import Session
 from server.db.models import Job, JobEvent, utcnow
 from server.jobs.states import TERMINAL, InvalidTransition, JobStatus, check_transition
 
+# States a job can be in while its runner (once it reported running) is still alive.
+RUNNER_ALIVE = frozenset({JobStatus.RUNNING, JobStatus.PAUSING, JobStatus.CANCELLING})
+
 
 def transition(
     session: Session,
@@ -40,6 +43,11 @@ def transition(
         values.setdefault("finished_at", now)
     if new == JobStatus.RUNNING:
         values.setdefault("running_since", now)
+    elif new not in RUNNER_ALIVE and job.running_since is not None:
+        # The attempt's runner is gone: bank its running time (see Job.run_seconds).
+        elapsed = max(0.0, (now - job.running_since).total_seconds())
+        values.setdefault("run_seconds", (job.run_seconds or 0.0) + elapsed)
+        values.setdefault("running_since", None)
     result = session.execute(
         update(Job)
         .where(Job.id == job.id, Job.status == current)

@@ -133,7 +133,8 @@ class JobOut(BaseModel):
     timeout_seconds: int | None
     metadata: dict[str, Any]
     webhook_url: str | None
-    attempt: int
+    attempt: int = Field(description="Runs started so far; pauses and handbacks start one too")
+    failed_attempts: int = Field(description="Infrastructure failures charged against max_retries")
     progress: Progress
     queue_position: int | None = Field(description="1 = next to be claimed; null unless queued")
     latest_checkpoint: CheckpointRef | None

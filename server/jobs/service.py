@@ -212,6 +212,9 @@ def resume_job(
     else:
         chosen = checkpoints[-1] if checkpoints else None
     message = f"resume from checkpoint {chosen.id} (step {chosen.step})" if chosen else "resume from scratch"
+    # Resuming a failed or cancelled job is a new run: fresh retry and time budgets. A paused
+    # job is the same run going on, so it keeps what it has spent.
+    budgets: dict[str, Any] = {} if job.status == S.PAUSED else {"failed_attempts": 0, "run_seconds": 0.0}
     job = transition(
         session,
         job,
@@ -221,6 +224,7 @@ def resume_job(
         resume_from=chosen.path if chosen else None,
         error=None,
         finished_at=None,
+        **budgets,
     )
     job_key = job.id
     after_commit(session, lambda: dispatch(job_key))
@@ -394,6 +398,7 @@ def present_jobs(
                 metadata=job.metadata_,
                 webhook_url=job.webhook_url,
                 attempt=job.attempt,
+                failed_attempts=job.failed_attempts,
                 progress=Progress(
                     step=job.step,
                     total_steps=job.total_steps,

@@ -292,3 +292,18 @@ def test_error_classification() -> None:
     assert classify_error(torch.OutOfMemoryError("oom"), first_step_done=False) == "user"
     assert classify_error(torch.OutOfMemoryError("oom"), first_step_done=True) == "infra"
     assert classify_error(RuntimeError("gloo connection closed"), first_step_done=False) == "infra"
+    # a Python error before the first step is the spec's or the model's: the same on every retry
+    for exc in (TypeError("unexpected keyword 'foo'"), KeyError("hidden_size"), ImportError("flash_attn")):
+        assert classify_error(exc, first_step_done=False) == "user", exc
+        assert classify_error(exc, first_step_done=True) == "infra", exc
+    assert classify_error(RuntimeError("size mismatch for lm_head.weight"), first_step_done=False) == "user"
+    # what the machine or the network causes stays retryable at start-up too
+    for exc in (
+        RuntimeError("CUDA error: an illegal memory access was encountered"),
+        torch.distributed.DistNetworkError("store timeout"),
+        ConnectionResetError("peer"),
+        TimeoutError("rendezvous"),
+        OSError(28, "No space left on device"),
+        KeyboardInterrupt(),
+    ):
+        assert classify_error(exc, first_step_done=False) == "infra", exc

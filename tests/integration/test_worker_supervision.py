@@ -120,6 +120,19 @@ def test_infra_error_retries_from_checkpoint_and_stops_at_max_retries(env: Worke
     assert all(e.data["resume_from"].endswith("step-2") for e in retries)
 
 
+def test_timeout_bounds_the_whole_job_across_retries(env: WorkerEnv) -> None:
+    env.start_worker()
+    # Attempt 1 runs ~4.5 s, each retry ~1.5 s (it resumes at step 2 and dies at step 3). Were the
+    # timeout per attempt, no attempt would reach 8 s and the job would spend all ten retries.
+    spec = fake_spec(max_steps=6, save_every=2, fail="infra", fail_at=3, step_seconds=1.5)
+    job_id = env.submit(spec, max_retries=10, timeout_seconds=8)
+    job = env.wait_status(job_id, "succeeded", "failed", timeout=120)
+    assert (job.status, job.error["kind"]) == ("failed", "timeout"), job.error
+    assert 2 <= job.attempt <= 5 and job.failed_attempts == job.attempt - 1, job.attempt
+    assert "s of it in earlier attempts" in job.error["message"]
+    assert job.run_seconds >= 8 - 1.5
+
+
 def test_hang_is_an_infra_failure_that_retries(tmp_path: Path) -> None:
     gen = sqlite_env(
         tmp_path, TWINKLE_WORKER_RUNNER=str(fake_runner(tmp_path)), TWINKLE_HANG_TIMEOUT_SECONDS="3"

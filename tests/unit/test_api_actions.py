@@ -5,7 +5,7 @@ from __future__ import annotations
 from test_api_support import *  # noqa: F403
 from test_api_support import Api
 
-from server.db.models import JobEvent
+from server.db.models import Job, JobEvent
 
 
 def test_resume_uses_the_latest_checkpoint_and_wakes_a_worker(api: Api) -> None:
@@ -44,6 +44,20 @@ def test_resume_without_checkpoints_starts_over(api: Api) -> None:
     api.client.post(f"/v1/jobs/{job['id']}/cancel", headers=api.admin)
     response = api.client.post(f"/v1/jobs/{job['id']}/resume", headers=api.admin)
     assert response.json()["status"] == "queued" and response.json()["resume_from"] is None
+
+
+def test_resume_of_a_failed_job_starts_fresh_budgets_a_paused_one_keeps_them(api: Api) -> None:
+    failed, paused = api.submit(), api.submit()
+    spent = {"failed_attempts": 3, "run_seconds": 500.0, "attempt": 4}
+    api.force_status(failed["id"], "failed", error={"kind": "infra", "message": "out of retries"}, **spent)
+    api.force_status(paused["id"], "paused", **spent)
+    body = api.client.post(f"/v1/jobs/{failed['id']}/resume", headers=api.admin).json()
+    assert (body["status"], body["failed_attempts"], body["attempt"]) == ("queued", 0, 4)
+    body = api.client.post(f"/v1/jobs/{paused['id']}/resume", headers=api.admin).json()
+    assert (body["status"], body["failed_attempts"]) == ("queued", 3)
+    with api.session() as session:
+        assert session.get_one(Job, failed["id"]).run_seconds == 0.0
+        assert session.get_one(Job, paused["id"]).run_seconds == 500.0
 
 
 def test_clone_merges_spec_overrides_into_a_new_queued_job(api: Api) -> None:

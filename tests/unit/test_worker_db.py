@@ -137,7 +137,9 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-def _lost_job(settings: Settings, project: str, attempt: int, max_retries: int) -> str:
+def _lost_job(
+    settings: Settings, project: str, attempt: int, max_retries: int, failed_attempts: int = 0
+) -> str:
     with session_scope(settings.resolved_database_url) as session:
         session.add(
             WorkerNode(
@@ -155,6 +157,7 @@ def _lost_job(settings: Settings, project: str, attempt: int, max_retries: int) 
         worker_id="w-dead",
         attempt=attempt,
         max_retries=max_retries,
+        failed_attempts=failed_attempts,
         heartbeat_at=utcnow(),
     )
     ckpt = settings.jobs_dir / job_id / "checkpoints" / "step-4"
@@ -179,10 +182,40 @@ def test_reconciler_requeues_a_dead_workers_job_from_its_latest_checkpoint(
 
 
 def test_reconciler_fails_a_job_out_of_retries(settings: Settings, project: str) -> None:
-    job_id = _lost_job(settings, project, attempt=3, max_retries=2)
+    job_id = _lost_job(settings, project, attempt=3, max_retries=2, failed_attempts=2)
     reconciler.reconcile(settings, me="w-me")
     job = get_job(settings, job_id)
     assert job.status == "failed" and job.error["kind"] == "infra"
+    assert (job.failed_attempts, job.error["failed_attempts"]) == (3, 3)
+
+
+def test_attempts_that_were_not_failures_do_not_spend_the_retry_budget(
+    settings: Settings, project: str
+) -> None:
+    # Attempt 5 of a job paused and resumed four times: its first failure is retry 1 of 1.
+    job_id = _lost_job(settings, project, attempt=5, max_retries=1)
+    assert reconciler.reconcile(settings, me="w-me") == [job_id]
+    job = get_job(settings, job_id)
+    assert (job.status, job.failed_attempts) == ("queued", 1)
+    with session_scope(settings.resolved_database_url) as session:
+        messages = session.scalars(select(JobEvent.message).where(JobEvent.job_id == job_id)).all()
+    assert any(m.startswith("retry 1/1: attempt 6 resumes from checkpoint") for m in messages), messages
+
+
+def test_running_time_is_banked_when_an_attempt_ends(settings: Settings, project: str) -> None:
+    from server.jobs.lifecycle import transition
+
+    job_id = add_job(settings, project, status="starting", attempt=1, run_seconds=100.0)
+    with session_scope(settings.resolved_database_url) as session:
+        job = session.get_one(Job, job_id)
+        transition(session, job, "running")
+        assert job.running_since is not None
+        job.running_since -= timedelta(seconds=30)  # as if it had run half a minute
+        session.flush()
+        transition(session, job, "pausing")  # the runner is still alive: nothing banked yet
+        assert job.run_seconds == 100.0
+        transition(session, job, "paused")
+        assert 130.0 <= job.run_seconds < 140.0 and job.running_since is None
 
 
 def test_reconciler_leaves_a_live_local_worker_alone(settings: Settings, project: str) -> None:
