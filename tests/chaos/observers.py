@@ -59,6 +59,7 @@ class ApiProber:
     # not ours to choose, so the wait may need several).
     demand: threading.Event = field(default_factory=threading.Event)
     _pending_key: str | None = None  # a submission whose answer never came
+    _submitting: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -71,6 +72,18 @@ class ApiProber:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=30)
+
+    def close_stream(self, timeout: float = 30.0) -> None:
+        """No new submissions; returns once none is in flight or waiting for its answer, so
+        `submitted` is final (a POST past its check when the stream closes still lands)."""
+        self.stream_open.clear()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._submitting:
+                if self._pending_key is None:
+                    return
+            time.sleep(0.2)
+        raise AssertionError(f"a submission still had no answer {timeout:.0f} s after the stream closed")
 
     def _call(self, client: httpx.Client, label: str, method: str, path: str, **kw: Any) -> Any:
         started = time.monotonic()
@@ -103,11 +116,14 @@ class ApiProber:
                 self._stop.wait(0.5)
 
     def _submit(self, client: httpx.Client, key: str) -> None:
-        headers = {"Idempotency-Key": key}
-        job = self._call(client, "POST /v1/jobs", "POST", "/v1/jobs", json=self.job_body, headers=headers)
-        self._pending_key = key if job is None else None
-        if job is not None and job["id"] not in self.submitted:
-            self.submitted.append(job["id"])
+        with self._submitting:
+            if key != self._pending_key and not self.stream_open.is_set():
+                return  # closed between the check and here
+            headers = {"Idempotency-Key": key}
+            job = self._call(client, "POST /v1/jobs", "POST", "/v1/jobs", json=self.job_body, headers=headers)
+            self._pending_key = key if job is None else None
+            if job is not None and job["id"] not in self.submitted:
+                self.submitted.append(job["id"])
 
     def _should_submit(self, waiting: int) -> bool:
         return (
@@ -187,12 +203,14 @@ class TreeSampler:
         keeps its tree, so an orphan rank beside a new attempt shows as a second tree)."""
         key = (proc.pid, created)
         if key not in self._owner:
+            # The nearest torchrun above it, even when it looks like a torchrun itself: a rank
+            # caught between torchrun's fork and its exec still carries torchrun's command line,
+            # and fixing it as a tree of its own would count a phantom second tree all attempt.
             owner = proc.pid
-            if not is_torchrun(cmdline):
-                for parent in proc.parents():
-                    if is_torchrun(parent.cmdline()):
-                        owner = parent.pid
-                        break
+            for parent in proc.parents():
+                if is_torchrun(parent.cmdline()):
+                    owner = parent.pid
+                    break
             self._owner[key] = owner
         return self._owner[key]
 

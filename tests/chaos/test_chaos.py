@@ -236,7 +236,7 @@ class Chaos:
             self.restart_redis(round_)
             self.restart_api(round_)
             self.kill_rank(round_)
-        self.prober.stream_open.clear()
+        self.prober.close_stream()
 
 
 def orphans_left(jobs_dir: Path, clock: Clock) -> list[str]:
