@@ -72,6 +72,10 @@ def prune_checkpoints(session: Session, job_id: str, limit: int | None) -> list[
 
     Returns the locations to remove (directories, or `s3://` checkpoints); the caller removes them
     after committing, so a failed transaction never leaves rows pointing at deleted files.
+    The rule is the runner's own (`twinkle_core.checkpoint.prune_checkpoints`), which prunes the
+    same directories on disk: the best counts towards `limit`, the newest fill the other places,
+    and the newest is always kept (a resume needs it). A different rule here would list
+    checkpoints whose files the runner has already removed.
     """
     if limit is None:
         return []
@@ -80,7 +84,10 @@ def prune_checkpoints(session: Session, job_id: str, limit: int | None) -> list[
         .where(Checkpoint.job_id == job_id, Checkpoint.deleted.is_(False))
         .order_by(Checkpoint.step.desc())
     ).all()
-    keep = {row.id for row in rows[:limit]} | {row.id for row in rows if row.is_best}
+    best = {row.id for row in rows if row.is_best}
+    others = [row for row in rows if row.id not in best]
+    slots = max(limit - (1 if best else 0), 1)
+    keep = best | {row.id for row in others[:slots]}
     doomed = []
     for row in rows:
         if row.id not in keep:

@@ -126,6 +126,35 @@ def test_ingest_writes_metrics_events_checkpoints_and_enforces_the_limit(
         assert kinds.count("checkpoint") == 3 and kinds.count("metrics") == 4
 
 
+@pytest.mark.parametrize("limit", [1, 2, 3])
+@pytest.mark.parametrize("best_step", [None, 1, 3, 5])
+def test_sql_retention_keeps_exactly_what_the_runner_keeps_on_disk(
+    settings: Settings, project: str, tmp_path: Path, limit: int, best_step: int | None
+) -> None:
+    from twinkle_core import checkpoint as ckpt
+
+    job_id = add_job(settings, project)
+    root = tmp_path / "checkpoints"
+    with session_scope(settings.resolved_database_url) as session:
+        for step in range(1, 6):
+            path = root / f"step-{step}"
+            path.mkdir(parents=True)
+            (path / ckpt.COMPLETE_MARKER).write_text("ok")
+            session.add(Checkpoint(job_id=job_id, step=step, path=str(path), is_best=step == best_step))
+    if best_step is not None:
+        ckpt.write_best(root, ckpt.BestCheckpoint(str(root / f"step-{best_step}"), best_step, 0.5))
+    on_disk_pruned = {p.name for p in ckpt.prune_checkpoints(root, limit)}
+    with session_scope(settings.resolved_database_url) as session:
+        in_sql_pruned = {Path(p).name for p in enforce_save_total_limit(session, job_id, limit)}
+    assert in_sql_pruned == on_disk_pruned
+    with session_scope(settings.resolved_database_url) as session:
+        listed = session.scalars(
+            select(Checkpoint.path).where(Checkpoint.job_id == job_id, Checkpoint.deleted.is_(False))
+        ).all()
+    assert all(Path(p).is_dir() for p in listed)  # nothing listed whose files are gone
+    assert str(root / "step-5") in listed  # the newest, where a resume starts
+
+
 def test_enforce_limit_none_keeps_everything(settings: Settings, project: str) -> None:
     with session_scope(settings.resolved_database_url) as session:
         assert enforce_save_total_limit(session, "job-x", None) == []
