@@ -242,6 +242,36 @@ def test_single_process_job_runs_to_done(
     assert log[1]["lr"] == 0.0 and log[2]["lr"] == pytest.approx(1e-3)
 
 
+def test_early_stopping_ends_the_run_after_patience_evals_without_improvement(
+    tmp_path: Path, tiny_model_dir: Path, data_dir: Path, run_main: Any
+) -> None:
+    # A learning rate this large wrecks the model from the first update: after the first eval
+    # the eval loss does not improve again (it rises, or turns NaN, which is no improvement).
+    spec = write_job(
+        tmp_path / "job",
+        tiny_model_dir,
+        data_dir,
+        training={"max_steps": 20, "eval_every": 1, "save_every": None, "early_stopping_patience": 2},
+        optimizer={"lr": 9.0},
+        resources={"nproc_per_node": 1},
+    )
+    assert run_main([str(spec)]) == 0
+    log = events(spec.parent)
+    best, misses, expected_stop = float("inf"), 0, None
+    for e in (e for e in log if e["event"] == "eval"):
+        if e["eval_loss"] < best:
+            best, misses = e["eval_loss"], 0
+        else:
+            misses += 1
+        if misses == 2:
+            expected_stop = e["step"]
+            break
+    done = log[-1]
+    assert done["event"] == "done" and expected_stop is not None and expected_stop < 20, log
+    assert done["step"] == expected_stop  # not one step further, and a final checkpoint there
+    assert done["final_checkpoint"].endswith(f"step-{expected_stop}")
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
