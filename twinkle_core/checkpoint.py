@@ -13,9 +13,10 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 COMPLETE_MARKER = "COMPLETE"
 TRAINER_STATE_FILE = "trainer_state.json"
@@ -23,6 +24,7 @@ CHECKPOINTS_DIR = "checkpoints"
 BEST_FILE = "best.json"
 TRAINER_STATE_FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+T = TypeVar("T")
 
 
 def is_complete(path: str | Path) -> bool:
@@ -125,21 +127,32 @@ def write_best(checkpoint_root: str | Path, best: BestCheckpoint) -> None:
     os.replace(tmp, root / BEST_FILE)
 
 
+def retained(oldest_first: Sequence[T], best: T | None, keep: int) -> set[T]:
+    """The retention rule of `save_total_limit`, shared by the runner (directories) and the
+    worker (SQL rows), so the two never disagree on what survives.
+
+    The best checkpoint counts towards `keep` and the newest fill the other places; the newest
+    is always kept (a resume needs it), so keep=1 with an older best keeps two.
+    """
+    has_best = best is not None and best in oldest_first
+    others = [item for item in oldest_first if not (has_best and item == best)]
+    slots = max(keep - (1 if has_best else 0), 1)
+    kept = set(others[-slots:])
+    if has_best:
+        assert best is not None
+        kept.add(best)
+    return kept
+
+
 def prune_checkpoints(checkpoint_root: str | Path, keep: int | None) -> list[Path]:
-    """Delete the oldest complete checkpoints beyond `keep`, never the best one; returns the deleted."""
+    """Delete the complete checkpoints `retained` does not keep; returns the deleted."""
     if keep is None:
         return []
     root = Path(checkpoint_root)
     best = read_best(root)
-    best_name = Path(best.path).name if best else None
-    found = complete_step_checkpoints(root)
-    deletable = [p for p in found if p.name != best_name]
-    # The best checkpoint counts towards `keep`, so the newest ones fill the remaining places.
-    slots = keep - (1 if best_name and any(p.name == best_name for p in found) else 0)
-    doomed = deletable[: max(len(deletable) - max(slots, 0), 0)]
-    if slots <= 0:
-        # keep=1 with a best that is not the newest: keep the best and the newest (resume needs it).
-        doomed = deletable[:-1]
+    names = [p.name for p in complete_step_checkpoints(root)]
+    kept = retained(names, Path(best.path).name if best else None, keep)
+    doomed = [root / name for name in names if name not in kept]
     for path in doomed:
         # Remove the marker first so a half-deleted directory is never taken for a checkpoint.
         (path / COMPLETE_MARKER).unlink(missing_ok=True)

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from server.checkpoints.storage import S3Store, is_remote
 from server.db.models import Checkpoint
+from twinkle_core.checkpoint import retained
 
 COMPLETE_MARKER = "COMPLETE"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -68,26 +69,22 @@ def enforce_save_total_limit(session: Session, job_id: str, limit: int | None) -
 
 
 def prune_checkpoints(session: Session, job_id: str, limit: int | None) -> list[str]:
-    """Mark all but the newest `limit` checkpoints (and the best one) deleted in SQL.
+    """Mark deleted in SQL the checkpoints that `save_total_limit` (`limit`) drops.
 
     Returns the locations to remove (directories, or `s3://` checkpoints); the caller removes them
     after committing, so a failed transaction never leaves rows pointing at deleted files.
-    The rule is the runner's own (`twinkle_core.checkpoint.prune_checkpoints`), which prunes the
-    same directories on disk: the best counts towards `limit`, the newest fill the other places,
-    and the newest is always kept (a resume needs it). A different rule here would list
-    checkpoints whose files the runner has already removed.
+    The rule is the runner's (`twinkle_core.checkpoint.retained`), which prunes the same
+    directories on disk: another rule here would list checkpoints whose files are gone.
     """
     if limit is None:
         return []
     rows = session.scalars(
         select(Checkpoint)
         .where(Checkpoint.job_id == job_id, Checkpoint.deleted.is_(False))
-        .order_by(Checkpoint.step.desc())
+        .order_by(Checkpoint.step)
     ).all()
-    best = {row.id for row in rows if row.is_best}
-    others = [row for row in rows if row.id not in best]
-    slots = max(limit - (1 if best else 0), 1)
-    keep = best | {row.id for row in others[:slots]}
+    best = next((row.id for row in reversed(rows) if row.is_best), None)
+    keep = retained([row.id for row in rows], best, limit)
     doomed = []
     for row in rows:
         if row.id not in keep:

@@ -128,3 +128,16 @@ def test_terminate_kills_descendants_in_other_sessions_that_ignore_sigterm(tmp_p
     assert time.monotonic() - started < 8
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
     assert tree.alive() == []
+
+
+def test_retention_rule_counts_the_best_and_always_keeps_the_newest() -> None:
+    from twinkle_core.checkpoint import retained
+
+    steps = [1, 2, 3, 4, 5]
+    assert retained(steps, None, 2) == {4, 5}
+    assert retained(steps, 1, 2) == {1, 5}  # the best takes one of the two places
+    assert retained(steps, 1, 1) == {1, 5}  # ...but never the newest's, which a resume needs
+    assert retained(steps, 5, 1) == {5}
+    assert retained(steps, 3, 3) == {3, 4, 5}
+    assert retained(steps, 9, 2) == {4, 5}  # a best that is gone already takes no place
+    assert retained([], None, 2) == set()
