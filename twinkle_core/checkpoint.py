@@ -132,15 +132,19 @@ def retained(oldest_first: Sequence[T], best: T | None, keep: int) -> set[T]:
     worker (SQL rows), so the two never disagree on what survives.
 
     The best checkpoint counts towards `keep` and the newest fill the other places; the newest
-    is always kept (a resume needs it), so keep=1 with an older best keeps two.
+    is always kept (a resume needs it), so keep=1 with an older best keeps two, and a best that
+    is the newest takes that one place alone.
     """
+    if not oldest_first:
+        return set()
     has_best = best is not None and best in oldest_first
     others = [item for item in oldest_first if not (has_best and item == best)]
-    slots = max(keep - (1 if has_best else 0), 1)
-    kept = set(others[-slots:])
+    slots = keep - (1 if has_best else 0)
+    kept = set(others[-slots:]) if slots > 0 else set()
     if has_best:
         assert best is not None
         kept.add(best)
+    kept.add(oldest_first[-1])
     return kept
 
 
