@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -21,6 +22,13 @@ from twinkle_core.checkpoint import retained
 
 COMPLETE_MARKER = "COMPLETE"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def save_total_limit_of(spec: dict[str, Any] | None) -> int | None:
+    """The job's `training.save_total_limit` (the runner's default, 3, when unset)."""
+    training = (spec or {}).get("training") or {}
+    limit = training.get("save_total_limit", 3)
+    return None if limit is None else int(limit)
 
 
 def checkpoints_dir(job_dir: Path) -> Path:

@@ -1,5 +1,8 @@
 """The reconciler: finds jobs whose worker is gone, cleans up after it and requeues them.
 
+A lost job whose runner had already finished (the worker died between `done` and recording it)
+is marked succeeded instead (see `worker.recovery.succeed_if_finished`).
+
 It runs at worker start and periodically (Celery beat, and each worker's maintenance loop; every
 pass is idempotent because each requeue is a compare-and-set). A worker counts as gone when its
 heartbeat is older than `stale_after_seconds`, or, on this host, as soon as its process is dead.
@@ -18,13 +21,15 @@ import psutil
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from server.checkpoints.storage import artifact_store
 from server.db.models import Job, WorkerNode, utcnow
 from server.db.session import session_scope
 from server.jobs.states import ACTIVE, InvalidTransition
 from server.settings import Settings
+from worker.checkpoints import remove_dirs, remove_stored_checkpoints
 from worker.process_tree import kill_all, processes_referencing
 from worker.ray_launcher import RAY_LAUNCHED_ENV
-from worker.recovery import retry_or_fail
+from worker.recovery import retry_or_fail, succeed_if_finished
 from worker.registry import DEAD, ONLINE, process_is_alive
 
 log = logging.getLogger(__name__)
@@ -40,20 +45,22 @@ def reconcile(settings: Settings, me: str | None = None) -> list[str]:
     with session_scope(db) as session:
         lost = _lost_jobs(session, settings, me, set(live_local))
     recovered = []
+    store = artifact_store(settings) if lost else None
     for job_id, worker_id, attempt in lost:
+        job_dir = settings.jobs_dir / job_id
         try:
             with session_scope(db) as session:
                 job = session.get(Job, job_id, populate_existing=True)
                 if job is None or job.worker_id != worker_id or job.attempt != attempt:
                     continue  # it moved on meanwhile
                 reason = f"worker {worker_id} lost (no heartbeat)"
-                retry_or_fail(
-                    session,
-                    job,
-                    settings.jobs_dir / job_id,
-                    reason,
-                    {"kind": "infra", "message": reason, "attempt": attempt},
-                )
+                finished = succeed_if_finished(session, job, job_dir, store, reason)
+                if finished is None:
+                    error = {"kind": "infra", "message": reason, "attempt": attempt}
+                    retry_or_fail(session, job, job_dir, reason, error)
+            if finished is not None:
+                remove_dirs(finished.dirs_to_remove)
+                remove_stored_checkpoints(finished.objects_to_remove, job_dir, store)
             recovered.append(job_id)
             log.warning("reconciler: took job %s back from lost worker %s", job_id, worker_id)
         except InvalidTransition:

@@ -11,15 +11,61 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from server.checkpoints.storage import S3Store
 from server.db.models import Job, JobEvent
 from server.jobs.lifecycle import transition
 from server.jobs.states import TERMINAL, JobStatus
-from worker.checkpoints import dir_size, latest_complete_checkpoint
+from twinkle_core import checkpoint as ckpt
+from twinkle_core.progress import PROGRESS_FILE, ProgressReader
+from worker.checkpoints import dir_size, latest_complete_checkpoint, save_total_limit_of
+from worker.ingest import Observed, ingest_events
 from worker.webhooks import enqueue_terminal_webhook
 
 S = JobStatus
 # Columns that only mean something while a worker holds the job.
 RELEASED: dict[str, Any] = {"pids": None, "gpu_ids": None}
+
+
+def succeed_if_finished(
+    session: Session, job: Job, job_dir: Path, store: S3Store | None, reason: str
+) -> Observed | None:
+    """Record a lost attempt that had in fact finished; what its last lines showed, if it had.
+
+    A worker killed between its runner's `done` and writing `succeeded` leaves a job that looks
+    lost but is over: `progress.jsonl` past the job's cursor ends the run with `done`, and the
+    final checkpoint it names is complete. Those lines are ingested and the job succeeds, instead
+    of spending a retry (or failing, out of retries) on an attempt that would only reload the
+    final checkpoint. Call it inside the transaction that would otherwise requeue the job, and
+    remove the checkpoints the ingestion pruned (`Observed.dirs_to_remove`, `objects_to_remove`)
+    once it committed.
+    """
+    if S(job.status) not in (S.STARTING, S.RUNNING, S.PAUSING):
+        return None  # a cancel in flight wins; paused and terminal jobs are not lost
+    reader = ProgressReader(job_dir / PROGRESS_FILE, offset=job.progress_cursor or 0)
+    path = reader.path
+    if not path.exists() or path.stat().st_size <= reader.offset:
+        return None
+    events = reader.read_new()
+    done = next((e for e in reversed(events) if e.get("event") == "done"), None)
+    final = str(done.get("final_checkpoint") or "") if done else ""
+    if not final or not ckpt.is_complete(final):
+        return None
+    if job.status == S.STARTING:
+        transition(session, job, S.RUNNING, message="runner started")
+    seen, values = ingest_events(session, job.id, events, save_total_limit_of(job.spec), store)
+    for column, value in values.items():
+        setattr(job, column, value)
+    job.progress_cursor = reader.offset
+    finish(
+        session,
+        job,
+        job_dir,
+        S.SUCCEEDED,
+        message=f"succeeded: attempt {job.attempt} had finished (final checkpoint {final}) before "
+        f"its end was recorded ({reason})",
+        error=None,
+    )
+    return seen
 
 
 def retry_or_fail(

@@ -35,6 +35,7 @@ from worker.checkpoints import (
     latest_complete_checkpoint,
     remove_dirs,
     remove_stored_checkpoints,
+    save_total_limit_of,
     step_of,
 )
 from worker.ingest import Observed, OwnershipLost, fenced_job_update, forget_metrics_after, ingest_events
@@ -337,14 +338,17 @@ class Supervisor:
         if not events and pids is None:
             return False
         with session_scope(self.db) as session:
+            # `running` goes first, so the job's events read in the order things happened even
+            # when one batch holds the whole run (a short job, a slow poll).
+            if any(event.get("event") == "started" for event in events):
+                job = self._job(session)
+                mine = (job.worker_id, job.attempt) == (self.a.worker_id, self.a.attempt)
+                if mine and job.status == S.STARTING:
+                    transition(session, job, S.RUNNING, message="runner started")
             seen, values = ingest_events(session, self.job_id, events, self._save_total_limit(), self.store)
             if pids is not None:
                 values["pids"] = pids
             self._fenced(session, progress_cursor=self.reader.offset, heartbeat_at=utcnow(), **values)
-            if seen.started:
-                job = self._job(session)
-                if job.status == S.STARTING:
-                    transition(session, job, S.RUNNING, message="runner started")
         self.seen.merge(seen)
         remove_dirs(seen.dirs_to_remove)
         remove_stored_checkpoints(seen.objects_to_remove, self.job_dir, self.store)
@@ -359,8 +363,7 @@ class Supervisor:
     def _save_total_limit(self) -> int | None:
         if not hasattr(self, "_limit_cache"):
             with session_scope(self.db) as session:
-                training = (self._job(session).spec or {}).get("training") or {}
-            self._limit_cache: int | None = training.get("save_total_limit", 3)
+                self._limit_cache: int | None = save_total_limit_of(self._job(session).spec)
         return self._limit_cache
 
     # -- the end -------------------------------------------------------------------------------

@@ -231,6 +231,52 @@ def test_attempts_that_were_not_failures_do_not_spend_the_retry_budget(
     assert any(m.startswith("retry 1/1: attempt 6 resumes from checkpoint") for m in messages), messages
 
 
+def _write_progress(job_dir: Path, *events: dict[str, Any]) -> int:
+    lines = "".join(json.dumps(event) + "\n" for event in events).encode()
+    with open(job_dir / "progress.jsonl", "ab") as fh:
+        fh.write(lines)
+    return len(lines)
+
+
+@pytest.mark.parametrize("final_complete", [True, False])
+def test_a_lost_attempt_that_had_finished_succeeds_instead_of_retrying(
+    settings: Settings, project: str, final_complete: bool
+) -> None:
+    # The worker died after its runner wrote `done` but before it recorded the end: the lines past
+    # the cursor finish the run. Only a complete final checkpoint makes that a success.
+    job_id = _lost_job(settings, project, attempt=1, max_retries=0)
+    job_dir = settings.jobs_dir / job_id
+    committed = _write_progress(job_dir, {"event": "started", "world_size": 2, "total_steps": 8})
+    with session_scope(settings.resolved_database_url) as session:
+        session.get_one(Job, job_id).progress_cursor = committed
+    final = job_dir / "checkpoints" / "step-8"
+    final.mkdir()
+    if final_complete:
+        (final / "COMPLETE").write_text("ok")
+    _write_progress(
+        job_dir,
+        {"event": "step", "step": 8, "total_steps": 8, "loss": 1.25},
+        {"event": "checkpoint", "step": 8, "path": str(final)},
+        {"event": "done", "step": 8, "final_checkpoint": str(final)},
+    )
+    assert reconciler.reconcile(settings, me="w-me") == [job_id]
+    job = get_job(settings, job_id)
+    with session_scope(settings.resolved_database_url) as session:
+        messages = session.scalars(
+            select(JobEvent.message).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+        ).all()
+        steps = session.scalars(select(Checkpoint.step).where(Checkpoint.job_id == job_id)).all()
+    if not final_complete:  # max_retries=0: an ordinary lost attempt, out of retries
+        assert (job.status, job.failed_attempts) == ("failed", 1)
+        return
+    assert (job.status, job.attempt, job.failed_attempts, job.error) == ("succeeded", 1, 0, None)
+    assert (job.step, job.loss, job.progress_cursor) == (8, 1.25, (job_dir / "progress.jsonl").stat().st_size)
+    assert steps == [8]
+    assert messages.index("training finished at step 8") < len(messages) - 1
+    assert messages[-1].startswith("succeeded: attempt 1 had finished (final checkpoint")
+    assert reconciler.reconcile(settings, me="w-me") == []
+
+
 def test_running_time_is_banked_when_an_attempt_ends(settings: Settings, project: str) -> None:
     from server.jobs.lifecycle import transition
 
