@@ -22,8 +22,10 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    event,
+    select,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
 
@@ -287,3 +289,26 @@ class GangMember(Base):
         UniqueConstraint("job_id", "attempt", "host", name="uq_gang_members_host"),
         Index("ix_gang_members_worker", "worker_id"),
     )
+
+
+@event.listens_for(Session, "before_flush")
+def _serialize_event_writers(session: Session, _context: Any, _instances: Any) -> None:
+    """Keep a job's event ids in commit order, so an `after=<id>` cursor never skips an event.
+
+    An id is drawn from the sequence when the row is flushed but becomes visible at commit; two
+    open transactions writing events for one job could commit out of id order, and a reader whose
+    cursor had passed the later id would never see the earlier one. So a transaction locks the
+    job's row (as an UPDATE does) before it writes that job's first event, and holds it until it
+    ends: the next writer draws its ids after this one committed. SQLite needs nothing: it has one
+    writer at a time, from its first write to its commit.
+    """
+    job_ids = sorted({obj.job_id for obj in session.new if isinstance(obj, JobEvent) and obj.job_id})
+    if not job_ids:
+        return
+    connection = session.connection()
+    if connection.dialect.name != "postgresql":
+        return
+    # FOR NO KEY UPDATE, in id order: what the job's own UPDATE takes, without blocking the
+    # key-share locks that inserting rows which reference the job take.
+    lock = select(Job.id).where(Job.id.in_(job_ids)).order_by(Job.id).with_for_update(key_share=True)
+    connection.execute(lock)

@@ -1,10 +1,13 @@
-"""The API under concurrent use: pagination while jobs are inserted, idempotency-key races,
-concurrent cancels — on SQLite and PostgreSQL."""
+"""The API under concurrent use: pagination while jobs are inserted, an event cursor while
+events commit out of id order, idempotency-key races, concurrent cancels — on SQLite and
+PostgreSQL."""
 
 from __future__ import annotations
 
+import random
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -74,3 +77,47 @@ def test_concurrent_cancels_record_one_transition(api: Api) -> None:
             JobEvent.job_id == job["id"], JobEvent.type == "status"
         )
         assert [e.data["to"] for e in status_events] == ["queued", "cancelled"]  # type: ignore[index]
+
+
+def test_an_event_cursor_misses_no_event_while_writers_commit_concurrently(api: Api) -> None:
+    # Ids come from a sequence when a row is flushed, but become visible at commit: two
+    # transactions that overlap can commit out of id order, and a reader that already moved its
+    # cursor past the later id would never see the earlier one. The writers here flush, dawdle,
+    # then commit, as ingestion does (it uploads a checkpoint between the two).
+    job_id = api.submit()["id"]
+    writers, batches = 3, 15
+
+    def write(writer: int) -> None:
+        rng = random.Random(writer)
+        for batch in range(batches):
+            with api.session() as session, session.begin():
+                session.add(JobEvent(job_id=job_id, type="message", message=f"w{writer}-{batch}"))
+                session.flush()
+                time.sleep(rng.uniform(0, 0.02))
+
+    def read_all(cursor: int | None) -> tuple[list[str], int | None]:
+        seen = []
+        while True:
+            query = f"/v1/jobs/{job_id}/events?limit=100" + (f"&after={cursor}" if cursor else "")
+            page = api.client.get(query, headers=api.admin).json()
+            seen += [event["message"] for event in page["data"]]
+            cursor = page["last_id"] or cursor
+            if not page["has_more"]:
+                return seen, cursor
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+    for thread in threads:
+        thread.start()
+    seen: list[str] = []
+    cursor = None
+    while True:
+        writing = any(thread.is_alive() for thread in threads)
+        page, cursor = read_all(cursor)
+        seen += page
+        if not writing:  # this read began after the last commit
+            break
+    for thread in threads:
+        thread.join()
+    written = {f"w{w}-{b}" for w in range(writers) for b in range(batches)}
+    assert len(seen) == len(set(seen)), "an event was returned twice"
+    assert written - set(seen) == set(), "the cursor skipped events committed after a later id"
