@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from server.db.models import Job, Project, utcnow
 from server.jobs.lifecycle import transition
+from server.jobs.repository import lock_project
 from server.jobs.states import ACTIVE, InvalidTransition, JobStatus
 from worker.attempt import launcher_of
 
@@ -47,12 +48,12 @@ def claim_next_job(
         .limit(CANDIDATES)
     ).all()
     postgres = session.get_bind().dialect.name == "postgresql"
-    full_projects: set[str] = set()
+    unavailable: set[str] = set()  # projects at their running limit, or being claimed from
     for job_id, spec, project_id in candidates:
-        if project_id in full_projects or launcher_of(spec) not in launchers or not fits(nproc_of(spec)):
+        if project_id in unavailable or launcher_of(spec) not in launchers or not fits(nproc_of(spec)):
             continue
-        if _project_at_limit(session, project_id):
-            full_projects.add(project_id)
+        if not _room_in_project(session, project_id):
+            unavailable.add(project_id)
             continue
         lock = select(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED.value)
         if postgres:
@@ -81,13 +82,26 @@ def claim_next_job(
     return None
 
 
-def _project_at_limit(session: Session, project_id: str) -> bool:
+def _room_in_project(session: Session, project_id: str) -> bool:
+    """Whether the project may start one more job (`max_running_jobs`).
+
+    The count and the claim that follows are one decision: a limited project's row is locked
+    first, so racing workers cannot each see the same free place. A worker finding the row held
+    by another claim (or a submit) skips the project for now instead of waiting: it takes other
+    work, and waiting while holding another project's lock could deadlock with a worker that
+    visits the two in the other order. The next poll or wake-up comes back to it.
+    """
     limit = session.scalar(select(Project.max_running_jobs).where(Project.id == project_id))
     if limit is None:
+        return True
+    if not lock_project(session, project_id, skip_locked=True):
         return False
+    limit = session.scalar(select(Project.max_running_jobs).where(Project.id == project_id))
+    if limit is None:  # lifted in the meantime
+        return True
     running = session.scalar(
         select(func.count())
         .select_from(Job)
         .where(Job.project_id == project_id, Job.status.in_([s.value for s in ACTIVE]))
     )
-    return (running or 0) >= limit
+    return (running or 0) < limit

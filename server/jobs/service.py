@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -67,7 +67,8 @@ def _check_queue_limit(session: Session, project_id: str) -> None:
     """
     if session.scalar(select(Project.max_queued_jobs).where(Project.id == project_id)) is None:
         return
-    limit = _lock_project(session, project_id)
+    repository.lock_project(session, project_id)
+    limit = session.scalar(select(Project.max_queued_jobs).where(Project.id == project_id))
     if limit is None:  # lifted in the meantime
         return
     waiting = repository.count_jobs(session, project_id, [S.QUEUED.value])
@@ -78,26 +79,6 @@ def _check_queue_limit(session: Session, project_id: str) -> None:
             retry_after=QUEUE_LIMIT_RETRY_SECONDS,
             code="project_queue_limit",
         )
-
-
-def _lock_project(session: Session, project_id: str) -> int | None:
-    """Hold the project row until the transaction ends; returns its current `max_queued_jobs`.
-
-    PostgreSQL: `FOR NO KEY UPDATE` (waits for another holder, does not block inserts of rows
-    that merely reference the project). SQLite has no row locks and starts a transaction only at
-    the first write: a no-op UPDATE takes its one write lock now, before the count, so the count
-    sees every job committed before it and none can be committed until this transaction ends.
-    """
-    if session.get_bind().dialect.name == "sqlite":
-        session.execute(
-            update(Project)
-            .where(Project.id == project_id)
-            .values(max_queued_jobs=Project.max_queued_jobs)
-            .execution_options(synchronize_session=False)
-        )
-        return session.scalar(select(Project.max_queued_jobs).where(Project.id == project_id))
-    query = select(Project.max_queued_jobs).where(Project.id == project_id).with_for_update(key_share=True)
-    return session.scalar(query)
 
 
 def _insert_job(session: Session, principal: Principal, values: dict[str, Any], dispatch: Dispatch) -> Job:

@@ -1,18 +1,22 @@
-"""Dispatch: exactly-once claims under concurrency, priorities, GPU leases."""
+"""Dispatch: exactly-once claims under concurrency, priorities, project running limits, GPU leases."""
 
 from __future__ import annotations
 
 import json
 import random
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 from test_worker_support import WorkerEnv, fake_runner, fake_spec, make_env, sqlite_env
 
-from server.db.models import Job, JobEvent
+from server.db.migrate import upgrade
+from server.db.models import Job, JobEvent, Project
 from server.db.session import session_scope
+from worker.claim import claim_next_job
 from worker.dispatch import send_wakeup
 
 pytestmark = pytest.mark.slow
@@ -89,3 +93,48 @@ def test_gpu_leases_are_disjoint_and_jobs_wait_for_free_gpus(gpu_env: WorkerEnv)
     assert len(started) == 1 and sorted(started[0].data["gpu_ids"]) == sorted(ja.gpu_ids)  # a's GPUs, freed
     env.set_status(b, "cancelling")
     env.wait_status(b, "cancelled", timeout=20)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_racing_claims_never_exceed_a_projects_running_limit(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    # Eight workers claim at once from one project limited to two running jobs: the count of its
+    # active jobs and the claim must be one decision, or each worker sees room for itself.
+    url = (
+        f"sqlite:///{tmp_path / 'db.sqlite'}"
+        if backend == "sqlite"
+        else request.getfixturevalue("postgres_url")
+    )
+    upgrade(url)
+    with session_scope(url) as session:
+        project = Project(name="limited", max_running_jobs=2)
+        session.add(project)
+        session.flush()
+        for _ in range(8):
+            session.add(Job(project_id=project.id, spec=fake_spec(max_steps=1)))
+
+    def claim_at_once(tag: str) -> list[str]:
+        start = threading.Barrier(8)
+
+        def claim(worker: int) -> str | None:
+            start.wait(timeout=30)
+            with session_scope(url) as session:
+                job = claim_next_job(session, f"w{tag}-{worker}", fits=lambda _: True)
+                return job.id if job else None
+
+        with ThreadPoolExecutor(8) as pool:
+            return [job_id for job_id in pool.map(claim, range(8)) if job_id]
+
+    def active() -> list[Job]:
+        with session_scope(url) as session:
+            return list(session.scalars(select(Job).where(Job.status == "starting")).all())
+
+    for burst in range(3):
+        claimed = []
+        for round_ in range(4):  # a worker that found the project busy comes back next poll
+            claimed += claim_at_once(f"{burst}.{round_}")
+            assert len(active()) <= 2, claimed
+        assert len(claimed) == (2 if burst == 0 else 1), claimed
+        with session_scope(url) as session:  # one ends: room for exactly one more
+            session.get_one(Job, active()[0].id).status = "succeeded"
