@@ -272,6 +272,33 @@ def test_early_stopping_ends_the_run_after_patience_evals_without_improvement(
     assert done["final_checkpoint"].endswith(f"step-{expected_stop}")
 
 
+def test_eval_loss_is_the_same_on_one_and_two_ranks(tmp_path: Path, tiny_model_dir: Path) -> None:
+    # 13 validation rows in global batches of 4 leave a last batch of 1, which two ranks pad to 2
+    # with a wrapped-around row. The eval loss is the token-weighted mean over the whole set,
+    # summed across ranks: the padding row must not count, and no row may count twice. A
+    # learning rate of 1e-9 keeps the one training step from moving the weights measurably.
+    data = tmp_path / "data"
+    data.mkdir()
+    write_text_dataset(data / "train.jsonl", n=16)
+    write_text_dataset(data / "val.jsonl", n=13, seed=5)
+    losses = {}
+    for nproc in (1, 2):
+        spec = write_job(
+            tmp_path / f"ranks-{nproc}",
+            tiny_model_dir,
+            data,
+            training={"max_steps": 1, "gradient_accumulation_steps": 1, "save_every": None, "eval_every": 1},
+            optimizer={"lr": 1e-9},
+            resources={"nproc_per_node": nproc},
+        )
+        proc = torchrun(["-m", "twinkle_core.train", str(spec)], nproc=nproc)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        evals = [e["eval_loss"] for e in events(spec.parent) if e["event"] == "eval"]
+        assert evals, events(spec.parent)
+        losses[nproc] = evals[-1]
+    assert losses[2] == pytest.approx(losses[1], rel=1e-6), losses
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
