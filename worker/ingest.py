@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from server.checkpoints.storage import S3Store, is_remote
-from server.db.models import Checkpoint, Job, JobEvent, JobMetric, utcnow
+from server.db.models import Checkpoint, Job, JobEvent, JobMetric, lock_jobs_for_events, utcnow
 from worker.checkpoints import COMPLETE_MARKER, dir_size, prune_checkpoints
 
 METRIC_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_second")
@@ -62,6 +62,33 @@ def fenced_job_update(session: Session, job_id: str, worker_id: str, attempt: in
         raise OwnershipLost(job_id)
 
 
+@dataclass
+class _Rows:
+    """The event and metric rows of one batch, in the order the runner wrote them."""
+
+    job_id: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    def event(self, type_: str, message: str, data: dict[str, Any], level: str = "info") -> None:
+        self.events.append(
+            {"job_id": self.job_id, "type": type_, "level": level, "message": message[:4000], "data": data}
+        )
+
+    def metric(self, name: str, step: int, value: float) -> None:
+        self.metrics.append({"job_id": self.job_id, "name": name, "step": step, "value": value})
+
+    def write(self, session: Session) -> None:
+        """One multi-row INSERT per table. Core inserts skip the ORM's unit of work, which was most
+        of ingestion's CPU (docs/benchmarks.md); they also skip its flush hook, so the job row is
+        locked here, as every writer of a job's events does (see `lock_jobs_for_events`)."""
+        if self.events:
+            lock_jobs_for_events(session, [self.job_id])
+            session.execute(insert(JobEvent), self.events)
+        if self.metrics:
+            session.execute(insert(JobMetric), self.metrics)
+
+
 def ingest_events(
     session: Session,
     job_id: str,
@@ -72,18 +99,23 @@ def ingest_events(
     """Write rows for `events`; return what was observed and the job columns to update.
 
     With an object `store`, each checkpoint is uploaded before its row is written, and the row
-    records the `s3://` location.
+    records the `s3://` location. Rows the session already holds (a status change just before)
+    are flushed first, so the job's event ids keep the order things happened in.
     """
     seen = Observed(count=len(events))
     job_values: dict[str, Any] = {}
+    if not events:
+        return seen, job_values
+    session.flush()
+    rows = _Rows(job_id)
     for record in events:
         kind = record.get("event")
         if kind == "step":
-            _ingest_step(session, job_id, record, job_values)
+            _ingest_step(rows, record, job_values)
         elif kind == "eval":
-            _ingest_eval(session, job_id, record)
+            _ingest_eval(rows, record)
         elif kind == "checkpoint":
-            seen.last_checkpoint = _ingest_checkpoint(session, job_id, record, store)
+            seen.last_checkpoint = _ingest_checkpoint(session, rows, record, store)
             for location in prune_checkpoints(session, job_id, save_total_limit):
                 if is_remote(location):
                     seen.objects_to_remove.append(location)
@@ -93,9 +125,7 @@ def ingest_events(
             seen.started = True
             if record.get("total_steps") is not None:
                 job_values["total_steps"] = int(record["total_steps"])
-            _event(
-                session,
-                job_id,
+            rows.event(
                 "message",
                 f"runner started: world size {record.get('world_size')}, "
                 f"from step {record.get('start_step', 0)}"
@@ -106,54 +136,48 @@ def ingest_events(
             seen.done = True
             if record.get("final_checkpoint"):
                 seen.final_checkpoint = str(record["final_checkpoint"])
-            _event(session, job_id, "message", f"training finished at step {record.get('step')}", record)
+            rows.event("message", f"training finished at step {record.get('step')}", record)
         elif kind == "stopped":
             seen.stopped_reason = str(record.get("reason") or "unknown")
             if record.get("checkpoint"):
                 seen.last_checkpoint = str(record["checkpoint"])
-            _event(session, job_id, "message", f"runner stopped ({seen.stopped_reason})", record)
+            rows.event("message", f"runner stopped ({seen.stopped_reason})", record)
         elif kind == "error":
             seen.error_kind = str(record.get("kind") or "infra")
             seen.error_message = str(record.get("message") or "")
-            _event(
-                session, job_id, "message", f"{seen.error_kind} error: {seen.error_message}", record, "error"
-            )
+            rows.event("message", f"{seen.error_kind} error: {seen.error_message}", record, "error")
         elif kind == "message":
             level = str(record.get("level") or "info")
-            _event(session, job_id, "message", str(record.get("message") or ""), record, level)
+            rows.event("message", str(record.get("message") or ""), record, level)
+    rows.write(session)
     return seen, job_values
 
 
-def _event(
-    session: Session, job_id: str, type_: str, message: str, data: dict[str, Any], level: str = "info"
-) -> None:
-    session.add(JobEvent(job_id=job_id, type=type_, level=level, message=message[:4000], data=data))
-
-
-def _ingest_step(session: Session, job_id: str, record: dict[str, Any], job_values: dict[str, Any]) -> None:
+def _ingest_step(rows: _Rows, record: dict[str, Any], job_values: dict[str, Any]) -> None:
     step = int(record.get("step") or 0)
     for name in METRIC_FIELDS:
         value = record.get(name)
         if isinstance(value, int | float):
-            session.add(JobMetric(job_id=job_id, name=name, step=step, value=float(value)))
+            rows.metric(name, step, float(value))
     for name in PROGRESS_FIELDS:
         if record.get(name) is not None:
             job_values[name] = record[name]
     summary = ", ".join(
         f"{k}={record[k]:.4g}" for k in ("loss", "lr") if isinstance(record.get(k), int | float)
     )
-    _event(session, job_id, "metrics", f"step {step}" + (f": {summary}" if summary else ""), record)
+    rows.event("metrics", f"step {step}" + (f": {summary}" if summary else ""), record)
 
 
-def _ingest_eval(session: Session, job_id: str, record: dict[str, Any]) -> None:
+def _ingest_eval(rows: _Rows, record: dict[str, Any]) -> None:
     step = int(record.get("step") or 0)
     value = record.get("eval_loss")
     if isinstance(value, int | float):
-        session.add(JobMetric(job_id=job_id, name="eval_loss", step=step, value=float(value)))
-    _event(session, job_id, "metrics", f"eval at step {step}: eval_loss={value}", record)
+        rows.metric("eval_loss", step, float(value))
+    rows.event("metrics", f"eval at step {step}: eval_loss={value}", record)
 
 
-def _ingest_checkpoint(session: Session, job_id: str, record: dict[str, Any], store: S3Store | None) -> str:
+def _ingest_checkpoint(session: Session, rows: _Rows, record: dict[str, Any], store: S3Store | None) -> str:
+    job_id = rows.job_id
     step = int(record.get("step") or 0)
     path = str(record.get("path") or "")
     metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
@@ -183,7 +207,7 @@ def _ingest_checkpoint(session: Session, job_id: str, record: dict[str, Any], st
             .execution_options(synchronize_session=False)
         )
     session.flush()
-    _event(session, job_id, "checkpoint", f"checkpoint saved at step {step}", record)
+    rows.event("checkpoint", f"checkpoint saved at step {step}", record)
     return path
 
 

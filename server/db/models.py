@@ -291,24 +291,32 @@ class GangMember(Base):
     )
 
 
-@event.listens_for(Session, "before_flush")
-def _serialize_event_writers(session: Session, _context: Any, _instances: Any) -> None:
-    """Keep a job's event ids in commit order, so an `after=<id>` cursor never skips an event.
+def lock_jobs_for_events(session: Session, job_ids: list[str]) -> None:
+    """Take the job rows before writing their events, so a job's event ids follow commit order
+    and an `after=<id>` cursor never skips an event.
 
-    An id is drawn from the sequence when the row is flushed but becomes visible at commit; two
+    An id is drawn from the sequence when the row is inserted but becomes visible at commit; two
     open transactions writing events for one job could commit out of id order, and a reader whose
-    cursor had passed the later id would never see the earlier one. So a transaction locks the
-    job's row (as an UPDATE does) before it writes that job's first event, and holds it until it
-    ends: the next writer draws its ids after this one committed. SQLite needs nothing: it has one
-    writer at a time, from its first write to its commit.
+    cursor had passed the later id would never see the earlier one. Holding the job's row (as an
+    UPDATE does) from before the first event until the transaction ends makes the next writer draw
+    its ids after this one committed. SQLite needs nothing: it has one writer at a time, from its
+    first write to its commit. Rows added through the ORM get this from the flush hook below; a
+    core `insert()` of events calls it itself.
     """
-    job_ids = sorted({obj.job_id for obj in session.new if isinstance(obj, JobEvent) and obj.job_id})
-    if not job_ids:
-        return
-    connection = session.connection()
-    if connection.dialect.name != "postgresql":
+    if not job_ids or session.get_bind().dialect.name != "postgresql":
         return
     # FOR NO KEY UPDATE, in id order: what the job's own UPDATE takes, without blocking the
     # key-share locks that inserting rows which reference the job take.
-    lock = select(Job.id).where(Job.id.in_(job_ids)).order_by(Job.id).with_for_update(key_share=True)
-    connection.execute(lock)
+    lock = (
+        select(Job.id)
+        .where(Job.id.in_(sorted(set(job_ids))))
+        .order_by(Job.id)
+        .with_for_update(key_share=True)
+    )
+    session.connection().execute(lock)
+
+
+@event.listens_for(Session, "before_flush")
+def _lock_jobs_of_new_events(session: Session, _context: Any, _instances: Any) -> None:
+    job_ids = [obj.job_id for obj in session.new if isinstance(obj, JobEvent) and obj.job_id]
+    lock_jobs_for_events(session, job_ids)
