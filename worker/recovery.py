@@ -42,10 +42,7 @@ def succeed_if_finished(
     if S(job.status) not in (S.STARTING, S.RUNNING, S.PAUSING):
         return None  # a cancel in flight wins; paused and terminal jobs are not lost
     reader = ProgressReader(job_dir / PROGRESS_FILE, offset=job.progress_cursor or 0)
-    path = reader.path
-    if not path.exists() or path.stat().st_size <= reader.offset:
-        return None
-    events = reader.read_new()
+    events = reader.read_new()  # nothing when the file is missing or holds no new line
     done = next((e for e in reversed(events) if e.get("event") == "done"), None)
     final = str(done.get("final_checkpoint") or "") if done else ""
     if not final or not ckpt.is_complete(final):

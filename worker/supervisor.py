@@ -345,7 +345,8 @@ class Supervisor:
                 mine = (job.worker_id, job.attempt) == (self.a.worker_id, self.a.attempt)
                 if mine and job.status == S.STARTING:
                     transition(session, job, S.RUNNING, message="runner started")
-            seen, values = ingest_events(session, self.job_id, events, self._save_total_limit(), self.store)
+            limit = self._save_total_limit(session)
+            seen, values = ingest_events(session, self.job_id, events, limit, self.store)
             if pids is not None:
                 values["pids"] = pids
             self._fenced(session, progress_cursor=self.reader.offset, heartbeat_at=utcnow(), **values)
@@ -360,10 +361,9 @@ class Supervisor:
             self._fenced(session, heartbeat_at=utcnow())
             return self._job(session).status, self._gang_problem(session)
 
-    def _save_total_limit(self) -> int | None:
-        if not hasattr(self, "_limit_cache"):
-            with session_scope(self.db) as session:
-                self._limit_cache: int | None = save_total_limit_of(self._job(session).spec)
+    def _save_total_limit(self, session: Session) -> int | None:
+        if not hasattr(self, "_limit_cache"):  # the spec does not change during an attempt
+            self._limit_cache: int | None = save_total_limit_of(self._job(session).spec)
         return self._limit_cache
 
     # -- the end -------------------------------------------------------------------------------
