@@ -11,9 +11,14 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import sys
+import threading
+import time
+from collections.abc import Callable
 
-from celery.signals import beat_embedded_init
+from celery import Celery
+from celery.signals import beat_embedded_init, worker_shutting_down
 
 from server.settings import Settings, get_settings
 from worker.agent import WorkerAgent, set_current_agent
@@ -22,8 +27,21 @@ from worker.celery_app import make_celery
 # Threads that run wake-up tasks; each returns within a second, so a few are plenty.
 TASK_THREADS = 2
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+# Pause before starting a Celery consumer again after it died on its own; doubled per crash in a
+# row, up to the maximum, and back to the minimum once one has run for CONSUMER_STEADY_SECONDS.
+CONSUMER_RESTART_MIN_SECONDS = 1.0
+CONSUMER_RESTART_MAX_SECONDS = 30.0
+CONSUMER_STEADY_SECONDS = 60.0
 
+log = logging.getLogger(__name__)
 _worker_pid: int | None = None  # the process that runs `run_worker`
+# Set by Celery's own SIGTERM/SIGINT/SIGQUIT handlers: the consumer is ending because it was asked to.
+_shutdown_requested = threading.Event()
+
+
+@worker_shutting_down.connect
+def _note_shutdown_request(**_: object) -> None:
+    _shutdown_requested.set()
 
 
 @beat_embedded_init.connect
@@ -52,22 +70,56 @@ def run_worker(settings: Settings, concurrency: int | None = None, beat: bool = 
     agent = WorkerAgent(settings, slots=concurrency)
     set_current_agent(agent)
     agent.start()
-    argv = [
-        "worker",
-        "--pool=threads",
-        f"--concurrency={TASK_THREADS}",
-        "--loglevel=INFO",
-        f"--hostname={agent.worker_id}@%h",
-        "--without-gossip",
-        "--without-mingle",
-    ]
-    if beat:
-        argv.append("--beat")
     try:
-        app.worker_main(argv)
+        keep_consuming(lambda: _consume(app, agent.worker_id, beat), _shutdown_requested.is_set)
     finally:
         agent.stop()
         set_current_agent(None)
+
+
+def _consume(app: Celery, worker_id: str, beat: bool) -> int:
+    """Run a Celery consumer until it ends; its exit code (0: a clean shutdown, 1: it crashed).
+
+    Built as `celery worker` builds it, but called directly: the command line drops the code."""
+    consumer = app.Worker(
+        hostname=f"{worker_id}@{socket.gethostname()}",
+        pool_cls="threads",
+        concurrency=TASK_THREADS,
+        loglevel="INFO",
+        without_gossip=True,
+        without_mingle=True,
+        beat=beat,
+    )
+    consumer.start()
+    return int(consumer.exitcode or 0)
+
+
+def keep_consuming(consume: Callable[[], int], shutdown_requested: Callable[[], bool]) -> None:
+    """Run the consumer again whenever it dies without being asked to stop.
+
+    The consumer only carries wake-ups; the jobs this worker runs live in the agent's threads and
+    do not depend on it. A consumer that hits an "Unrecoverable error" (one seen: kombu's Redis
+    transport raising AttributeError while it closes the connection Redis just dropped) would
+    otherwise end the process and hand every running job back to the queue: a retry for nothing,
+    from a broker blip. Returns when the consumer ended because it was asked to (a signal, or a
+    clean exit such as a remote shutdown command).
+    """
+    pause = CONSUMER_RESTART_MIN_SECONDS
+    while True:
+        began = time.monotonic()
+        code = consume()
+        if shutdown_requested() or code == 0:
+            return
+        if time.monotonic() - began >= CONSUMER_STEADY_SECONDS:
+            pause = CONSUMER_RESTART_MIN_SECONDS
+        log.error(
+            "the Celery consumer died (exit code %d) without a shutdown request; starting it again "
+            "in %.0f s (running jobs are not affected; the agent polls the queue meanwhile)",
+            code,
+            pause,
+        )
+        time.sleep(pause)
+        pause = min(pause * 2, CONSUMER_RESTART_MAX_SECONDS)
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""Fault injectors for the chaos suite: a Redis of its own to restart, process finders, and the
-gatekeeper that holds fresh runs at a known step so a fault always strikes a job mid-way.
+"""Fault injectors for the chaos suite: process finders, and the gatekeeper that holds fresh runs
+at a known step so a fault always strikes a job mid-way (the private Redis is redis_server.py).
 
 Everything stays on loopback and on processes this test started.
 """
@@ -7,63 +7,16 @@ Everything stays on loopback and on processes this test started.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 from gated_runner import gate_dir
 
-from server.cli.stack import free_port
-
 TORCHRUN_MARKERS = ("torchrun", "torch.distributed.run")
-
-
-@dataclass
-class RedisServer:
-    """A private redis-server on a free port, so restarting it disturbs nobody else."""
-
-    workdir: Path
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is needed for the chaos suite"
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            cwd=self.workdir,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                import redis
-
-                if redis.Redis(port=self.port, socket_timeout=0.5).ping():
-                    return
-            except Exception:
-                time.sleep(0.1)
-        raise TimeoutError("redis-server did not start")
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def restart(self, downtime: float = 1.0) -> None:
-        self.kill()
-        time.sleep(downtime)
-        self.start()
 
 
 def is_torchrun(cmdline: list[str]) -> bool:
@@ -166,12 +119,21 @@ class Gatekeeper:
             for held in self._held():
                 self.release(held.job_id)
 
-    def catch(self, predicate: Callable[[Held], bool], timeout: float) -> Held:
-        """Wait for a held run that matches (it stays held: the caller strikes it)."""
+    def catch(
+        self,
+        predicate: Callable[[Held], bool],
+        timeout: float,
+        hopeless: Callable[[], str | None] = lambda: None,
+    ) -> Held:
+        """Wait for a held run that matches (it stays held: the caller strikes it). `hopeless`
+        names a reason no run can match any more (the worker it must run under died), if any."""
         deadline = time.monotonic() + timeout
         self._catching.set()
         try:
             while time.monotonic() < deadline:
+                reason = hopeless()
+                if reason:
+                    raise TimeoutError(f"no run can reach the gate: {reason}")
                 with self._lock:
                     for held in self._held():
                         if predicate(held):

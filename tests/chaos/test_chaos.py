@@ -29,9 +29,10 @@ from typing import Any
 
 import pytest
 import torch
-from faults import Gatekeeper, Held, RedisServer, processes_mentioning, runs_under, training_ranks
+from faults import Gatekeeper, Held, processes_mentioning, runs_under, training_ranks
 from live_service import TOKEN, LiveService, tiny_spec
 from observers import ApiProber, TreeSampler, attempt_segments
+from redis_server import RedisServer
 from safetensors.torch import load_file
 
 from server.client import TwinkleClient
@@ -175,9 +176,31 @@ class Chaos:
 
     # -- the four faults -------------------------------------------------------------------
 
+    def diagnosis(self) -> str:
+        """What a failed wait needs to be understood: the workers, the jobs, the workers' logs."""
+        lines = [f"worker {host}: pid {w.pid}, exit code {w.poll()}" for host, w in self.workers.items()]
+        for job_id in list(self.prober.submitted):
+            try:
+                job = self.job(job_id)
+                step = job["progress"]["step"]
+                lines.append(f"{job_id}: {job['status']}, attempt {job['attempt']}, step {step}")
+            except Exception as exc:  # the API may be the thing that is down
+                lines.append(f"{job_id}: unreadable ({exc!r})")
+        for log in sorted(self.svc.data_dir.glob("worker-*.log")):
+            lines += [f"--- {log.name} (tail)", log.read_text(errors="replace")[-3000:]]
+        return "\n".join(lines)
+
     def kill_worker(self, round_: int, host: str) -> None:
         worker = self.workers[host]
-        held = self.gate.catch(runs_under(worker.pid), self.clock.left())
+
+        def worker_died() -> str | None:
+            code = worker.poll()
+            return None if code is None else f"worker {host} exited with {code}"
+
+        try:
+            held = self.gate.catch(runs_under(worker.pid), self.clock.left(), hopeless=worker_died)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnosis()}") from exc
         fault = self.strike(round_, f"kill -9 worker {host}", held)
         worker.kill()
         worker.wait()
@@ -218,7 +241,10 @@ class Chaos:
         fault.detail = f"down {healthy - began:.1f} s ({stopping:.1f} s to stop, {starting:.1f} s to start)"
 
     def kill_rank(self, round_: int) -> None:
-        held = self.gate.catch(lambda _: True, self.clock.left())
+        try:
+            held = self.gate.catch(lambda _: True, self.clock.left())
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnosis()}") from exc
         fault = self.strike(round_, "kill -9 one training rank", held)
         spec_path = str(self.jobs_dir / held.job_id / "spec.json")
         ranks = {p.pid: p for w in self.workers.values() for p in training_ranks(w.pid)}

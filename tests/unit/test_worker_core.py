@@ -141,3 +141,26 @@ def test_retention_rule_counts_the_best_and_always_keeps_the_newest() -> None:
     assert retained(steps, 3, 3) == {3, 4, 5}
     assert retained(steps, 9, 2) == {4, 5}  # a best that is gone already takes no place
     assert retained([], None, 2) == set()
+
+
+def test_the_consumer_is_started_again_until_it_ends_cleanly_or_is_asked_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from worker import main
+
+    pauses: list[float] = []
+    monkeypatch.setattr(main.time, "sleep", pauses.append)
+    codes = iter([1, 1, 1, 0, 1])
+    calls: list[int] = []
+
+    def consume() -> int:
+        calls.append(1)
+        return next(codes)
+
+    main.keep_consuming(consume, lambda: False)
+    assert len(calls) == 4  # three crashes, then the clean exit ends it
+    assert pauses == [1.0, 2.0, 4.0]  # backing off between crashes in a row
+
+    asked: list[int] = []
+    main.keep_consuming(lambda: asked.append(1) or 1, lambda: True)  # a signal, whatever the code
+    assert asked == [1]
