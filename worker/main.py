@@ -105,7 +105,7 @@ def keep_consuming(consume: Callable[[], int], shutdown_requested: Callable[[], 
     clean exit such as a remote shutdown command).
     """
     pause = CONSUMER_RESTART_MIN_SECONDS
-    while True:
+    while not shutdown_requested():  # a SIGTERM while waiting to restart ends the loop here
         began = time.monotonic()
         code = consume()
         if shutdown_requested() or code == 0:

@@ -161,6 +161,14 @@ def test_the_consumer_is_started_again_until_it_ends_cleanly_or_is_asked_to(
     assert len(calls) == 4  # three crashes, then the clean exit ends it
     assert pauses == [1.0, 2.0, 4.0]  # backing off between crashes in a row
 
-    asked: list[int] = []
-    main.keep_consuming(lambda: asked.append(1) or 1, lambda: True)  # a signal, whatever the code
-    assert asked == [1]
+    # A signal ends it whatever the exit code, including one that arrives during the pause
+    # (seen before a second start).
+    def crash() -> int:
+        calls.append(1)
+        return 1
+
+    for requests in ([False, True], [False, False, True]):
+        answers = iter(requests)
+        calls.clear()
+        main.keep_consuming(crash, answers.__next__)
+        assert len(calls) == 1
