@@ -163,11 +163,14 @@ class Chaos:
     def wait_retried(self, fault: Fault) -> None:
         """Until the struck job has moved on to a later attempt (observed through the API)."""
         assert fault.job_id
-        wait_for(
-            f"{fault.job_id} to start a new attempt after '{fault.name}'",
-            lambda: self.job(fault.job_id or "")["attempt"] > fault.attempt,
-            self.clock,
-        )
+        try:
+            wait_for(
+                f"{fault.job_id} to start a new attempt after '{fault.name}'",
+                lambda: self.job(fault.job_id or "")["attempt"] > fault.attempt,
+                self.clock,
+            )
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnosis()}") from exc
 
     def strike(self, round_: int, name: str, held: Held) -> Fault:
         fault = Fault(round_, name, time.monotonic(), held.job_id, self.job(held.job_id)["attempt"])
@@ -355,16 +358,19 @@ def test_jobs_survive_worker_redis_api_and_rank_faults(
     try:
         run.run_rounds()
         ids = list(run.prober.submitted)
-        final_list = wait_for(
-            "every job to end",
-            lambda: (
-                (jobs := [run.job(i) for i in ids])
-                and all(j["status"] in ("succeeded", "failed", "cancelled") for j in jobs)
-                and jobs
-            ),
-            run.clock,
-            timeout=DEADLINE_SECONDS,
-        )
+        try:
+            final_list = wait_for(
+                "every job to end",
+                lambda: (
+                    (jobs := [run.job(i) for i in ids])
+                    and all(j["status"] in ("succeeded", "failed", "cancelled") for j in jobs)
+                    and jobs
+                ),
+                run.clock,
+                timeout=DEADLINE_SECONDS,
+            )
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{run.diagnosis()}") from exc
         orphans = orphans_left(run.jobs_dir, run.clock)  # before anything is told to stop
     finally:
         for observer in (run.prober, run.sampler, run.gate):
