@@ -31,7 +31,7 @@ from test_api_support import *  # noqa: E402, F403
 from test_api_support import BOOTSTRAP, Api  # noqa: E402
 
 # Per operation and mode; raise it for a deeper local run (TWINKLE_FUZZ_EXAMPLES=200).
-MAX_EXAMPLES = int(os.environ.get("TWINKLE_FUZZ_EXAMPLES", "40"))
+MAX_EXAMPLES = int(os.environ.get("TWINKLE_FUZZ_EXAMPLES", "20"))
 # Left out of the default checks, with the reason:
 # - positive_data_acceptance: a job spec is also checked against what a JSON Schema cannot say
 #   (the named file exists in the project, a path is under an allowed root, the mesh fits the

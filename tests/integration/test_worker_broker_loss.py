@@ -82,7 +82,7 @@ def test_a_dead_consumer_is_restarted_and_the_running_job_is_not_handed_back(
     env = make_env(tmp_path, f"sqlite:///{tmp_path / 'twinkle.db'}", broker.url)
     try:
         worker = start_brittle_worker(env)
-        job_id = env.submit(fake_spec(max_steps=60, step_seconds=0.25, save_every=None), max_retries=0)
+        job_id = env.submit(fake_spec(max_steps=60, step_seconds=0.4, save_every=None), max_retries=0)
         env.wait_for(job_id, lambda j: j.step >= 2, what="step 2")
         wait_for_log(env, RECEIVED)  # the first consumer took the job's wake-up
 
