@@ -64,6 +64,7 @@ def run_worker(settings: Settings, concurrency: int | None = None, beat: bool = 
     the Celery beat that schedules the reconciler (run it in one process per deployment)."""
     global _worker_pid
     _worker_pid = os.getpid()
+    _shutdown_requested.clear()  # a request belongs to one run, not to the module
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = make_celery(settings)
     app.set_default()
