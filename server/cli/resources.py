@@ -20,7 +20,7 @@ import httpx
 import yaml
 from pydantic import ValidationError
 
-from server.client import APIError, TwinkleClient
+from twinkle_client import APIError, TwinkleClient
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT = 1, 2, 3

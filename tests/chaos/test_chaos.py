@@ -36,7 +36,7 @@ from observers import ApiProber, TreeSampler, attempt_segments
 from redis_server import RedisServer
 from safetensors.torch import load_file
 
-from server.client import TwinkleClient
+from twinkle_client import TwinkleClient
 
 ROUNDS = 2
 STEPS = 8

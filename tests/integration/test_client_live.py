@@ -15,7 +15,7 @@ import httpx
 import pytest
 from live_service import TOKEN, LiveService, tiny_spec
 
-from server.client import TwinkleClient
+from twinkle_client import TwinkleClient
 
 pytestmark = pytest.mark.slow
 

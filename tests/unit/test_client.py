@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.client import APIError, TwinkleClient
+from twinkle_client import APIError, TwinkleClient
 
 
 def make_client(handler) -> TwinkleClient:  # type: ignore[no-untyped-def]
@@ -24,7 +24,7 @@ def make_client(handler) -> TwinkleClient:  # type: ignore[no-untyped-def]
 
 def test_retries_429_honouring_retry_after(monkeypatch: pytest.MonkeyPatch) -> None:
     sleeps: list[float] = []
-    monkeypatch.setattr("server.client.client.time.sleep", sleeps.append)
+    monkeypatch.setattr("twinkle_client.client.time.sleep", sleeps.append)
     calls = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -40,7 +40,7 @@ def test_retries_429_honouring_retry_after(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_create_reuses_one_idempotency_key_across_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("server.client.client.time.sleep", lambda _s: None)
+    monkeypatch.setattr("twinkle_client.client.time.sleep", lambda _s: None)
     keys = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -83,7 +83,7 @@ def test_paginate_follows_cursors() -> None:
 def test_clone_and_upload_reuse_one_idempotency_key_across_retries(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr("server.client.client.time.sleep", lambda _s: None)
+    monkeypatch.setattr("twinkle_client.client.time.sleep", lambda _s: None)
     seen: list[tuple[str, str, bytes]] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -107,7 +107,7 @@ def test_clone_and_upload_reuse_one_idempotency_key_across_retries(
 
 def test_gives_up_after_the_retry_limit_with_the_last_error(monkeypatch: pytest.MonkeyPatch) -> None:
     sleeps: list[float] = []
-    monkeypatch.setattr("server.client.client.time.sleep", sleeps.append)
+    monkeypatch.setattr("twinkle_client.client.time.sleep", sleeps.append)
     calls = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -125,7 +125,7 @@ def test_gives_up_after_the_retry_limit_with_the_last_error(monkeypatch: pytest.
 
 def test_back_off_grows_exponentially(monkeypatch: pytest.MonkeyPatch) -> None:
     sleeps: list[float] = []
-    monkeypatch.setattr("server.client.client.time.sleep", sleeps.append)
+    monkeypatch.setattr("twinkle_client.client.time.sleep", sleeps.append)
 
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(500, json={"error": {"type": "api_error"}})
@@ -143,7 +143,7 @@ def test_back_off_grows_exponentially(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_connection_errors_are_retried_then_raised(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("server.client.client.time.sleep", lambda _s: None)
+    monkeypatch.setattr("twinkle_client.client.time.sleep", lambda _s: None)
     attempts = []
 
     def flaky(request: httpx.Request) -> httpx.Response:
@@ -163,7 +163,7 @@ def test_connection_errors_are_retried_then_raised(monkeypatch: pytest.MonkeyPat
 
 def test_retry_after_as_an_http_date(monkeypatch: pytest.MonkeyPatch) -> None:
     sleeps: list[float] = []
-    monkeypatch.setattr("server.client.client.time.sleep", sleeps.append)
+    monkeypatch.setattr("twinkle_client.client.time.sleep", sleeps.append)
     later = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
     answers = iter([httpx.Response(429, headers={"Retry-After": later}), httpx.Response(200, json={})])
     make_client(lambda _r: next(answers)).jobs.get("job-1")

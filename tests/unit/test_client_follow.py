@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from server.client import TwinkleClient
-from server.client.sse import HEARTBEAT, Message, read_messages
+from twinkle_client import TwinkleClient
+from twinkle_client.sse import HEARTBEAT, Message, read_messages
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -39,7 +39,7 @@ def make_client(handler: Handler, max_retries: int = 4) -> TwinkleClient:
 
 def test_a_429_on_the_stream_is_retried_after_retry_after(monkeypatch: pytest.MonkeyPatch) -> None:
     sleeps: list[float] = []
-    monkeypatch.setattr("server.client.client.time.sleep", sleeps.append)
+    monkeypatch.setattr("twinkle_client.client.time.sleep", sleeps.append)
     opened = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -55,7 +55,7 @@ def test_a_429_on_the_stream_is_retried_after_retry_after(monkeypatch: pytest.Mo
 
 
 def test_a_dropped_stream_resumes_after_the_last_event_seen(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("server.client.client.time.sleep", lambda _s: None)
+    monkeypatch.setattr("twinkle_client.client.time.sleep", lambda _s: None)
     resumed_from: list[str | None] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -81,7 +81,7 @@ def test_following_from_a_known_event() -> None:
 
 
 def test_a_stream_that_keeps_dropping_without_news_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("server.client.client.time.sleep", lambda _s: None)
+    monkeypatch.setattr("twinkle_client.client.time.sleep", lambda _s: None)
     opened = []
 
     def handler(request: httpx.Request) -> httpx.Response:

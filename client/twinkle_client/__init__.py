@@ -1,6 +1,6 @@
 """A small typed Python client for the Twinkle Jobs API.
 
-    from server.client import TwinkleClient
+    from twinkle_client import TwinkleClient
     client = TwinkleClient("http://127.0.0.1:8000", token="tw-...")
     job = client.jobs.create(spec={...}, name="first")
     for event in client.jobs.follow(job["id"]):
@@ -11,6 +11,6 @@ Retries 429 and 5xx responses and connection errors with exponential back-off (h
 retried create cannot make two, and raises `APIError` carrying the server's error envelope.
 """
 
-from server.client.client import APIError, TwinkleClient
+from twinkle_client.client import APIError, TwinkleClient
 
 __all__ = ["APIError", "TwinkleClient"]

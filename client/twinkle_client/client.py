@@ -17,7 +17,7 @@ from typing import IO, Any
 
 import httpx
 
-from server.client.sse import Message, read_messages
+from twinkle_client.sse import Message, read_messages
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
