@@ -33,7 +33,7 @@ RUN python /tmp/build/runtime_requirements.py /tmp/build/pyproject.toml --keep-i
 WORKDIR /app
 COPY . /app
 RUN pip install --no-cache-dir --no-deps -e /app \
-    && python -m compileall -q /app/server /app/worker /app/twinkle_core /app/client /app/migrations \
+    && python -m compileall -q /app/server /app/worker /app/twinkle /app/twinkle_core /app/client /app/migrations \
     && install -m 0755 docker/entrypoint.sh /usr/local/bin/twinkle-entrypoint \
     && install -m 0755 docker/healthcheck.py /usr/local/bin/twinkle-healthcheck \
     && groupadd --gid "${TWINKLE_UID}" twinkle \

@@ -36,7 +36,7 @@ RUN torch_before="$(python -c 'import torch; print(torch.__version__)')" \
 WORKDIR /app
 COPY . /app
 RUN pip install --no-cache-dir --no-deps -e /app \
-    && python -m compileall -q /app/server /app/worker /app/twinkle_core /app/client /app/migrations \
+    && python -m compileall -q /app/server /app/worker /app/twinkle /app/twinkle_core /app/client /app/migrations \
     && install -m 0755 docker/entrypoint.sh /usr/local/bin/twinkle-entrypoint \
     && install -m 0755 docker/healthcheck.py /usr/local/bin/twinkle-healthcheck \
     && groupadd --gid "${TWINKLE_UID}" twinkle \
