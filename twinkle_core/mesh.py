@@ -41,8 +41,10 @@ class DeviceMesh:
     ) -> DeviceMesh:
         """Build a mesh; `dp_size=None` (or -1) fills the world: world_size // fsdp_size.
 
-        `world_size` defaults to the WORLD_SIZE that torchrun exports (1 outside torchrun). The
-        product dp_size x fsdp_size must equal it.
+        The world is `world_size` when given, else the launcher's: the WORLD_SIZE that torchrun (or
+        a Ray actor of a remote group) exports. A process outside any launcher, such as a Ray
+        driver, has no world yet: there the sizes define it (their product; `dp_size=None` counts
+        as 1). Under a launcher dp_size x fsdp_size must equal its world size.
         """
         for name, value in zip(_UNSUPPORTED_SIZES, (tp_size, pp_size, cp_size, ep_size), strict=True):
             if value != 1:
@@ -50,17 +52,20 @@ class DeviceMesh:
                     f"device_mesh.{name}={value} is not supported: twinkle_core implements data "
                     "parallelism (dp_size) and FSDP sharding (fsdp_size) only"
                 )
-        world = world_size if world_size is not None else current_world_size()
         if not isinstance(fsdp_size, int) or fsdp_size < 1:
             raise ValueError(f"device_mesh.fsdp_size must be a positive integer, got {fsdp_size!r}")
-        if dp_size is None or dp_size == -1:
-            if world % fsdp_size:
-                raise ValueError(
-                    f"device_mesh.fsdp_size ({fsdp_size}) does not divide the world size ({world})"
-                )
-            dp_size = world // fsdp_size
-        mesh = cls(dp_size=dp_size, fsdp_size=fsdp_size)
-        mesh.check_world_size(world)
+        world = world_size if world_size is not None else launcher_world_size()
+        if dp_size is not None and dp_size != -1:
+            dp = dp_size
+        elif world is None:
+            dp = 1
+        elif world % fsdp_size:
+            raise ValueError(f"device_mesh.fsdp_size ({fsdp_size}) does not divide the world size ({world})")
+        else:
+            dp = world // fsdp_size
+        mesh = cls(dp_size=dp, fsdp_size=fsdp_size)
+        if world is not None:
+            mesh.check_world_size(world)
         return mesh
 
     @property
@@ -94,5 +99,7 @@ class DeviceMesh:
         return init_device_mesh(device_type, (self.fsdp_size,), mesh_dim_names=("fsdp",))
 
 
-def current_world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
+def launcher_world_size() -> int | None:
+    """The world size a launcher (torchrun, or a remote group's actor) gave this process, if any."""
+    value = os.environ.get("WORLD_SIZE")
+    return int(value) if value is not None else None

@@ -24,8 +24,24 @@ def test_explicit_sizes_must_multiply_to_the_world_size() -> None:
 def test_world_size_defaults_to_torchrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "4")
     assert DeviceMesh.from_sizes(fsdp_size=4).dp_size == 1
+    assert DeviceMesh.from_sizes(fsdp_size=2).dp_size == 2
+    # Under a launcher a mismatch still fails, naming both numbers.
+    with pytest.raises(
+        ValueError, match=r"dp_size \(2\) x fsdp_size \(1\) = 2 must equal the world size \(4\)"
+    ):
+        DeviceMesh.from_sizes(dp_size=2)
     monkeypatch.delenv("WORLD_SIZE")
     assert DeviceMesh.from_sizes().world_size == 1
+
+
+def test_outside_a_launcher_the_sizes_make_the_world(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Ray driver is no torchrun rank: the seed's from_sizes(dp_size=2, fsdp_size=2) there asks for
+    # four ranks (one actor each), whatever this process is.
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    mesh = DeviceMesh.from_sizes(dp_size=2, fsdp_size=2)
+    assert (mesh.dp_size, mesh.fsdp_size, mesh.world_size) == (2, 2, 4)
+    assert DeviceMesh.from_sizes(fsdp_size=2).world_size == 2  # dp_size unset counts as 1
+    assert DeviceMesh.from_sizes(dp_size=-1, fsdp_size=3).world_size == 3
 
 
 @pytest.mark.parametrize("name", ["tp_size", "pp_size", "cp_size", "ep_size"])
