@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# FSDP2 bf16 on a ~1B-parameter Llama built from a config: tokens/s, MFU, peak memory and
-# exact-resume equality (bench/gpu_fsdp.py under torchrun, one rank per visible GPU).
+# First the CUDA-only tests (pytest -m gpu: fp8, the CUDA precisions, the default strategy through
+# accelerate's FSDP2 where there are GPUs enough), then FSDP2 bf16 on a ~1B-parameter Llama built
+# from a config: tokens/s, MFU, peak memory and exact-resume equality (bench/gpu_fsdp.py under
+# torchrun, one rank per visible GPU). --cpu-smoke runs the benchmark only.
 #
-#   bench/gpu.sh                    # on a CUDA machine; bounded to 8 minutes
+#   bench/gpu.sh                    # on a CUDA machine; tests <= 100 s, benchmark <= 8 minutes
 #   bench/gpu.sh --cpu-smoke        # the same logic on CPU with a tiny config (2 gloo ranks)
 #   bench/gpu.sh --json-out r.json  # extra arguments go to gpu_fsdp.py (see its --help)
 #
-# Exit status: 0 when the run finished and the resumed weights are bitwise equal; 1 when they
-# differ; 2 without CUDA (and no --cpu-smoke); 124 when it ran past the time limit.
+# Exit status: 0 when the GPU tests passed, the run finished and the resumed weights are bitwise
+# equal; 1 when the weights differ or a GPU test failed; 2 without CUDA (and no --cpu-smoke); 124
+# when the benchmark ran past the time limit.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -45,5 +48,13 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-exec timeout --kill-after=20 "$limit" "$PYTHON" -m torch.distributed.run --standalone \
-    --nproc_per_node "$nproc" bench/gpu_fsdp.py "$@"
+tests_status=0
+if [[ $smoke == 0 ]]; then
+    timeout --kill-after=20 "${TESTS_TIME_LIMIT_S:-100}" "$PYTHON" -m pytest -q -p no:cacheprovider \
+        -m gpu tests/integration/test_model_gpu.py || tests_status=1
+fi
+bench_status=0
+timeout --kill-after=20 "$limit" "$PYTHON" -m torch.distributed.run --standalone \
+    --nproc_per_node "$nproc" bench/gpu_fsdp.py "$@" || bench_status=$?
+if [[ $bench_status != 0 ]]; then exit "$bench_status"; fi
+exit "$tests_status"

@@ -52,3 +52,24 @@ def test_cuda_precisions_train(tiny_model_dir: Path, precision: str) -> None:
     result = model.clip_grad_and_step()
     assert result is not None and torch.isfinite(torch.tensor(result["loss"]))
     assert next(model.model.parameters()).device.type == "cuda"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("dp", "fsdp"), [(1, 2), (2, 2)])
+def test_default_strategy_shards_through_accelerate_fsdp2(
+    tmp_path: Path, tiny_model_dir: Path, dp: int, fsdp: int
+) -> None:
+    """On CUDA strategy='accelerate' with an FSDP mesh is accelerate's own FSDP2 (HSDP on 2-D)."""
+    import json
+
+    from dist_scripts.launch import SCRIPTS, torchrun
+
+    if torch.cuda.device_count() < dp * fsdp:
+        pytest.skip(f"needs {dp * fsdp} GPUs, this machine has {torch.cuda.device_count()}")
+    script = str(SCRIPTS / "accelerate_fsdp_gpu.py")
+    proc = torchrun([script, str(tiny_model_dir), str(tmp_path), str(dp), str(fsdp)], nproc=dp * fsdp)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["implementation"].startswith("accelerate FSDP2"), report
+    assert report["sharded"] and report["mesh_dims"] == (2 if dp > 1 else 1), report
+    assert report["losses"][-1] < report["losses"][0] and report["resumed_step"] == 3

@@ -15,9 +15,9 @@ import torch
 
 from twinkle_core import DeviceMesh
 from twinkle_core.mesh import DeviceMesh as MeshClass
-from twinkle_core.model import TransformersModel
+from twinkle_core.model import TransformersModel, strategies
 from twinkle_core.model.distributed import DistInfo
-from twinkle_core.model.strategies import AccelerateStrategy, NativeFSDPStrategy
+from twinkle_core.model.strategies import AccelerateStrategy, NativeFSDPStrategy, make_strategy
 
 
 def _model(model_dir: Path, **kwargs: Any) -> TransformersModel:
@@ -51,7 +51,7 @@ TEXTS = [
         ({"model_cls": "NoSuchModelClass"}, "model_cls 'NoSuchModelClass'"),
         ({"model_cls": 3}, "model_cls must be"),
         ({"device_mesh": DeviceMesh(dp_size=2)}, "must equal the world size"),
-        ({"device_mesh": {"dp_size": 1}}, "device_mesh must be a twinkle_core.DeviceMesh"),
+        ({"device_mesh": {"dp_size": 1}}, "device_mesh must be a twinkle.DeviceMesh"),
         ({"ddp_config": {"no_such_option": 1}}, "ddp_config"),
         ({"ddp_config": "find_unused"}, "ddp_config must be a dict"),
         ({"fsdp_config": {"reshard_after_forward": True}}, "fsdp_config applies only when"),
@@ -85,17 +85,51 @@ def _info(world: int = 2) -> DistInfo:
     return DistInfo(rank=0, local_rank=0, world_size=world, device=torch.device("cpu"))
 
 
-def test_accelerate_fsdp_on_cpu_fails_loudly() -> None:
-    # accelerate would silently run DDP instead of sharding; the job must not quietly change.
-    with pytest.raises(ValueError, match="cannot shard on CPU"):
+def test_accelerate_itself_never_shards_on_cpu() -> None:
+    # accelerate would silently run DDP instead of sharding; built directly, it refuses.
+    with pytest.raises(ValueError, match="accelerate cannot shard on CPU"):
         AccelerateStrategy(MeshClass(dp_size=1, fsdp_size=2), _info(), "no", {}, {}, False)
 
 
+@pytest.mark.parametrize(
+    ("dp", "fsdp", "layout"), [(1, 2, "sharded (fsdp 2)"), (2, 2, "hybrid sharding (dp 2 x fsdp 2)")]
+)
+def test_default_strategy_shards_natively_on_cpu(
+    dp: int, fsdp: int, layout: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The seed's default strategy with an FSDP mesh: sharded through native FSDP2 on CPU, under the
+    # name the user asked for, and said once at WARNING (visible without any logging set-up).
+    monkeypatch.setattr(strategies, "_logged", set())  # "once" is per process: start afresh
+    mesh = MeshClass(dp_size=dp, fsdp_size=fsdp)
+    with caplog.at_level("INFO", logger="twinkle_core.model.strategies"):
+        for _ in range(2):
+            strategy = make_strategy("accelerate", mesh, _info(dp * fsdp), "bf16", None, None, False)
+    assert isinstance(strategy, NativeFSDPStrategy) and strategy.sharded
+    assert strategy.name == "accelerate" and strategy.mesh == mesh
+    messages = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert messages == [
+        f"strategy='accelerate' runs as native FSDP2 (fully_shard), {layout}, because accelerate cannot "
+        "shard on CPU"
+    ]
+
+
+def test_default_strategy_on_cpu_takes_only_the_fsdp_config_it_can_honour() -> None:
+    mesh = MeshClass(dp_size=1, fsdp_size=2)
+    with pytest.raises(ValueError, match=r"fsdp_config: \['auto_wrap_policy'\] cannot be honoured on CPU"):
+        make_strategy("accelerate", mesh, _info(), "no", None, {"auto_wrap_policy": "x"}, False)
+    with pytest.raises(ValueError, match="ddp_config applies to DDP"):
+        make_strategy("accelerate", mesh, _info(), "no", {"bucket_cap_mb": 10}, None, False)
+    strategy = make_strategy("accelerate", mesh, _info(), "no", None, {"reshard_after_forward": False}, False)
+    assert isinstance(strategy, NativeFSDPStrategy) and strategy.reshard_after_forward is False
+
+
 def test_accelerate_with_memory_efficient_init_is_refused_on_any_device() -> None:
-    # accelerate's FSDP2 loader cannot take ranks built on meta; the refusal comes before the CPU one.
-    for mesh in (MeshClass(dp_size=1, fsdp_size=2), MeshClass(dp_size=2, fsdp_size=1)):
+    # One rule on CPU and GPU: the error names the strategy that supports it.
+    for mesh in (MeshClass(dp_size=1, fsdp_size=2), MeshClass(dp_size=2, fsdp_size=1), MeshClass(2, 2)):
         with pytest.raises(ValueError, match="memory_efficient_init needs strategy='native_fsdp'"):
-            AccelerateStrategy(mesh, _info(), "bf16", {}, {}, True)
+            make_strategy("accelerate", mesh, _info(mesh.world_size), "bf16", None, None, True)
+        with pytest.raises(ValueError, match="memory_efficient_init needs strategy='native_fsdp'"):
+            AccelerateStrategy(mesh, _info(mesh.world_size), "bf16", {}, {}, True)
 
 
 def test_fp8_without_an_eligible_layer_is_an_error() -> None:
@@ -280,6 +314,25 @@ def test_optimizer_and_scheduler_errors(tiny_model_dir: Path) -> None:
     model.set_lr_scheduler(torch.optim.lr_scheduler.StepLR, step_size=1)
     with pytest.raises(ValueError, match="needs labels"):
         model.forward_backward(inputs={"input_ids": torch.ones(1, 4, dtype=torch.long)})
+
+
+def test_upstream_keywords_optimizer_cls_and_scheduler_cls(tiny_model_dir: Path) -> None:
+    # Upstream twinkle names them optimizer_cls= / scheduler_cls=; they choose, never reach the class.
+    model = _model(tiny_model_dir)
+    model.set_optimizer(optimizer_cls="SGD", lr=0.5)
+    assert type(model.optimizer) is torch.optim.SGD and model.current_lr() == 0.5
+    model.set_optimizer(optimizer_cls=torch.optim.AdamW, lr=1e-3)
+    assert type(model.optimizer) is torch.optim.AdamW
+    model.set_lr_scheduler(scheduler_cls="linear", num_warmup_steps=0, num_training_steps=4)
+    assert model.lr_scheduler.get_last_lr() == [1e-3]
+    model.set_lr_scheduler(scheduler_cls=torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
+    assert isinstance(model.lr_scheduler, torch.optim.lr_scheduler.StepLR)
+    with pytest.raises(ValueError, match="optimizer: pass the class or name once"):
+        model.set_optimizer("adamw", optimizer_cls="sgd")
+    with pytest.raises(ValueError, match="scheduler: pass the class or name once"):
+        model.set_lr_scheduler("cosine", scheduler_cls="linear")
+    model.set_optimizer(lr=1e-3)  # neither: the defaults (adamw)
+    assert type(model.optimizer) is torch.optim.AdamW
 
 
 def test_fp16_without_scaler_config_gets_a_default_scaler(tiny_model_dir: Path) -> None:

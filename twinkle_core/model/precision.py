@@ -31,7 +31,7 @@ def check_precision(mixed_precision: str, device: torch.device) -> None:
             f"this GPU has {capability[0]}.{capability[1]}"
         )
     if importlib.util.find_spec("torchao") is None:
-        raise ValueError("mixed_precision='fp8' needs the torchao package (pip install torchao)")
+        raise ValueError("mixed_precision='fp8' needs torchao: pip install 'twinkle-jobs[fp8]'")
 
 
 def compute_dtype(mixed_precision: str) -> torch.dtype | None:

@@ -1,4 +1,5 @@
-"""How the model is spread over the ranks: `accelerate` (DDP, or its FSDP2 plugin) and `native_fsdp`.
+"""How the model is spread over the ranks: `accelerate` (DDP, or its FSDP2 plugin; native FSDP2 for
+an FSDP mesh on CPU, where accelerate cannot shard) and `native_fsdp`.
 
 A strategy validates its configuration at construction (so a bad argument fails before any
 weights are read), wraps the model lazily (LoRA adapters must be added first), and says how to
@@ -8,6 +9,7 @@ skip gradient synchronisation inside a gradient-accumulation window.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +21,8 @@ from twinkle_core.mesh import DeviceMesh
 from twinkle_core.model.distributed import DistInfo
 from twinkle_core.model.precision import compute_dtype
 
+logger = logging.getLogger(__name__)
+
 NATIVE_FSDP_KEYS = frozenset({"reshard_after_forward", "cpu_offload"})
 
 
@@ -26,6 +30,7 @@ class Strategy:
     name: str
     sharded: bool = False  # parameters are DTensor shards (FSDP2)
     uses_autocast: bool = True  # False where the wrapper casts parameters itself
+    implementation: str = ""  # what actually wraps the model, logged once at construction
 
     def wrap(self, model: nn.Module) -> nn.Module:
         raise NotImplementedError
@@ -35,7 +40,12 @@ class Strategy:
 
 
 class AccelerateStrategy(Strategy):
-    """An `accelerate.Accelerator`: DDP with `ddp_config` kwargs, or its FSDP2 plugin when fsdp_size > 1."""
+    """An `accelerate.Accelerator`: DDP with `ddp_config` kwargs, or its FSDP2 plugin when fsdp_size > 1.
+
+    A 2-D mesh (dp_size > 1 and fsdp_size > 1) is hybrid sharding through accelerate's
+    `ParallelismConfig` (dp_replicate x dp_shard). On CPU accelerate cannot shard: `make_strategy`
+    then builds the native FSDP2 implementation instead (see `accelerate_strategy`).
+    """
 
     name = "accelerate"
 
@@ -48,28 +58,18 @@ class AccelerateStrategy(Strategy):
         fsdp_config: dict[str, Any],
         memory_efficient_init: bool,
     ) -> None:
-        from accelerate import Accelerator
+        from accelerate import Accelerator, ParallelismConfig
         from accelerate.utils import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin
 
         on_cpu = info.device.type == "cpu"
         self.fsdp = mesh.fsdp_size > 1
-        if memory_efficient_init:
-            # Checked first, so the refusal is the same on CPU and GPU. Under DDP every rank holds the
-            # whole model anyway. Under accelerate's FSDP2 plugin the other ranks would start on the
-            # meta device, and accelerate re-registers each rank's own non-persistent buffers (rotary
-            # inv_freq) after sharding: from meta they cannot be copied to the device.
-            raise ValueError(
-                "memory_efficient_init needs strategy='native_fsdp' with fsdp_size > 1 (DDP replicates "
-                "the weights; accelerate's FSDP2 plugin cannot take ranks built on the meta device)"
-            )
+        _refuse_memory_efficient_init(memory_efficient_init)
         if self.fsdp and on_cpu:
             # accelerate silently ignores its FSDP plugin on CPU and trains with DDP instead.
             raise ValueError(
-                "strategy='accelerate' with fsdp_size > 1 cannot shard on CPU (accelerate would silently "
-                "fall back to DDP); use strategy='native_fsdp' on CPU"
+                "accelerate cannot shard on CPU (it would silently fall back to DDP); build the strategy "
+                "with make_strategy, which shards through native FSDP2 there"
             )
-        if self.fsdp and mesh.dp_size > 1:
-            raise ValueError("hybrid sharding (dp_size > 1 and fsdp_size > 1) needs strategy='native_fsdp'")
         if not self.fsdp and fsdp_config:
             raise ValueError("fsdp_config applies only when device_mesh.fsdp_size > 1")
         if self.fsdp and ddp_config:
@@ -80,12 +80,30 @@ class AccelerateStrategy(Strategy):
         except TypeError as exc:
             field = "fsdp_config" if self.fsdp else "ddp_config"
             raise ValueError(f"{field}: {exc}") from exc
+        # accelerate builds the (dp_replicate, dp_shard) mesh that its FSDP2 plugin shards over.
+        parallelism = (
+            ParallelismConfig(dp_replicate_size=mesh.dp_size, dp_shard_size=mesh.fsdp_size)
+            if self.fsdp
+            else None
+        )
         # Under FSDP accelerate applies the precision (a MixedPrecisionPolicy); under DDP we autocast.
         accel_precision = ("bf16" if mixed_precision == "fp8" else mixed_precision) if self.fsdp else "no"
         self.uses_autocast = not self.fsdp
         self.sharded = self.fsdp
+        if not self.fsdp:
+            self.implementation = "accelerate DDP"
+        elif mesh.dp_size > 1:
+            self.implementation = (
+                f"accelerate FSDP2, hybrid sharding (dp {mesh.dp_size} x fsdp {mesh.fsdp_size})"
+            )
+        else:
+            self.implementation = f"accelerate FSDP2 (fsdp {mesh.fsdp_size})"
         self.accelerator = Accelerator(
-            cpu=on_cpu, mixed_precision=accel_precision, kwargs_handlers=handlers, fsdp_plugin=plugin
+            cpu=on_cpu,
+            mixed_precision=accel_precision,
+            kwargs_handlers=handlers,
+            fsdp_plugin=plugin,
+            parallelism_config=parallelism,
         )
         if self.accelerator.num_processes != info.world_size:
             raise RuntimeError(
@@ -142,6 +160,11 @@ class NativeFSDPStrategy(Strategy):
         self.info = info
         self.mixed_precision = mixed_precision
         self.memory_efficient_init = memory_efficient_init
+        layout = (
+            f"dp {mesh.dp_size} x fsdp {mesh.fsdp_size}" if mesh.dp_size > 1 else f"fsdp {mesh.fsdp_size}"
+        )
+        kind = "hybrid sharding" if mesh.dp_size > 1 else "sharded"
+        self.implementation = f"native FSDP2 (fully_shard), {kind} ({layout})"
 
     def wrap(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -273,7 +296,70 @@ def make_strategy(
         memory_efficient_init,
     )
     if strategy == "accelerate":
-        return AccelerateStrategy(*args)
-    if strategy == "native_fsdp":
-        return NativeFSDPStrategy(*args)
-    raise ValueError(f"strategy must be 'accelerate' or 'native_fsdp', got {strategy!r}")
+        built = accelerate_strategy(*args)
+    elif strategy == "native_fsdp":
+        built = NativeFSDPStrategy(*args)
+    else:
+        raise ValueError(f"strategy must be 'accelerate' or 'native_fsdp', got {strategy!r}")
+    _log_implementation_once(built, info)
+    return built
+
+
+def accelerate_strategy(
+    mesh: DeviceMesh,
+    info: DistInfo,
+    mixed_precision: str,
+    ddp_config: dict[str, Any],
+    fsdp_config: dict[str, Any],
+    memory_efficient_init: bool,
+) -> Strategy:
+    """strategy='accelerate': accelerate itself, except for an FSDP mesh on CPU.
+
+    accelerate ignores its FSDP plugin on CPU (every rank would hold the whole model and train
+    DDP), so there the same request shards through the native FSDP2 implementation, with the same
+    mesh (hybrid sharding on a 2-D one), precision policy and exact resume. It keeps the name
+    'accelerate': the user asked for the default strategy, and checkpoints record that.
+    """
+    _refuse_memory_efficient_init(memory_efficient_init)
+    if mesh.fsdp_size == 1 or info.device.type != "cpu":
+        return AccelerateStrategy(mesh, info, mixed_precision, ddp_config, fsdp_config, memory_efficient_init)
+    if ddp_config:
+        raise ValueError("ddp_config applies to DDP (fsdp_size == 1), not to FSDP")
+    unknown = set(fsdp_config) - NATIVE_FSDP_KEYS
+    if unknown:
+        raise ValueError(
+            f"fsdp_config: {sorted(unknown)} cannot be honoured on CPU, where strategy='accelerate' shards "
+            f"through native FSDP2 (accelerate cannot shard on CPU); it takes {sorted(NATIVE_FSDP_KEYS)}"
+        )
+    native = NativeFSDPStrategy(mesh, info, mixed_precision, ddp_config, fsdp_config, memory_efficient_init)
+    native.name = "accelerate"
+    native.implementation += ", because accelerate cannot shard on CPU"
+    return native
+
+
+def _refuse_memory_efficient_init(memory_efficient_init: bool) -> None:
+    if memory_efficient_init:
+        # The same refusal on CPU and GPU. Under DDP every rank holds the whole model anyway. Under
+        # accelerate's FSDP2 plugin the other ranks would start on the meta device, and accelerate
+        # re-registers each rank's own non-persistent buffers (rotary inv_freq) after sharding: from
+        # meta they cannot be copied to the device.
+        raise ValueError(
+            "memory_efficient_init needs strategy='native_fsdp' with fsdp_size > 1 (strategy='accelerate' "
+            "does not support it: DDP replicates the weights, and accelerate's FSDP2 plugin cannot take "
+            "ranks built on the meta device; on GPU its fsdp_config={'cpu_ram_efficient_loading': True} "
+            "is accelerate's own variant)"
+        )
+
+
+_logged: set[tuple[str, str]] = set()
+
+
+def _log_implementation_once(strategy: Strategy, info: DistInfo) -> None:
+    """Say once per process, on rank 0, what really wraps the model for the requested strategy."""
+    key = (strategy.name, strategy.implementation)
+    if info.is_main and key not in _logged:
+        _logged.add(key)
+        # A substitution (accelerate's request served by native FSDP2) is a warning: visible by default.
+        substituted = strategy.name == "accelerate" and isinstance(strategy, NativeFSDPStrategy)
+        level = logging.WARNING if substituted else logging.INFO
+        logger.log(level, "strategy=%r runs as %s", strategy.name, strategy.implementation)

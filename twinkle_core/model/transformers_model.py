@@ -105,9 +105,7 @@ class TransformersModel:
         if device_mesh is None:
             device_mesh = DeviceMesh.from_sizes(world_size=self.info.world_size)
         if not isinstance(device_mesh, DeviceMesh):
-            raise ValueError(
-                f"device_mesh must be a twinkle_core.DeviceMesh, got {type(device_mesh).__name__}"
-            )
+            raise ValueError(f"device_mesh must be a twinkle.DeviceMesh, got {type(device_mesh).__name__}")
         device_mesh.check_world_size(self.info.world_size)
         self.device_mesh = device_mesh
         if not isinstance(memory_efficient_init, bool):
@@ -206,37 +204,53 @@ class TransformersModel:
 
     # ----------------------------------------------------------------- optimizer, scheduler
     def set_optimizer(
-        self, optimizer_cls_or_name: Any = "adamw", adapter_name: str | None = None, **kwargs: Any
+        self,
+        optimizer_cls_or_name: Any = None,
+        adapter_name: str | None = None,
+        *,
+        optimizer_cls: Any = None,
+        **kwargs: Any,
     ) -> None:
+        """A `torch.optim` class or its name (default 'adamw'); `kwargs` go to its constructor.
+
+        The optimizer is positional, or the keyword `optimizer_cls` as upstream twinkle names it."""
+        chosen = _one_of("optimizer", optimizer_cls_or_name, optimizer_cls, default="adamw")
         self._check_adapter(adapter_name)
-        optimizer_cls = _resolve_optimizer(optimizer_cls_or_name)
+        resolved = _resolve_optimizer(chosen)
         params = [p for p in self.wrapped.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters")
         try:
-            self.optimizer = optimizer_cls(params, **kwargs)
+            self.optimizer = resolved(params, **kwargs)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"optimizer arguments: {exc}") from exc
 
     def set_lr_scheduler(
-        self, scheduler_cls_or_name: Any = "constant", adapter_name: str | None = None, **kwargs: Any
+        self,
+        scheduler_cls_or_name: Any = None,
+        adapter_name: str | None = None,
+        *,
+        scheduler_cls: Any = None,
+        **kwargs: Any,
     ) -> None:
         """A transformers schedule name (`linear`, `cosine`, ..., keyword arguments of
-        `transformers.get_scheduler`) or a torch LRScheduler class (its own keywords)."""
+        `transformers.get_scheduler`) or a torch LRScheduler class (its own keywords); default
+        'constant'. Positional, or the keyword `scheduler_cls` as upstream twinkle names it."""
+        chosen = _one_of("scheduler", scheduler_cls_or_name, scheduler_cls, default="constant")
         self._check_adapter(adapter_name)
         if self.optimizer is None:
             raise ValueError("set_optimizer must come before set_lr_scheduler")
         try:
-            if isinstance(scheduler_cls_or_name, str):
+            if isinstance(chosen, str):
                 from transformers import get_scheduler
                 from transformers.trainer_utils import SchedulerType
 
                 names = {s.value for s in SchedulerType}
-                if scheduler_cls_or_name not in names:
-                    raise ValueError(f"unknown scheduler {scheduler_cls_or_name!r} (known: {sorted(names)})")
-                self.lr_scheduler = get_scheduler(scheduler_cls_or_name, optimizer=self.optimizer, **kwargs)
+                if chosen not in names:
+                    raise ValueError(f"unknown scheduler {chosen!r} (known: {sorted(names)})")
+                self.lr_scheduler = get_scheduler(chosen, optimizer=self.optimizer, **kwargs)
             else:
-                self.lr_scheduler = scheduler_cls_or_name(self.optimizer, **kwargs)
+                self.lr_scheduler = chosen(self.optimizer, **kwargs)
         except TypeError as exc:
             raise ValueError(f"lr scheduler arguments: {exc}") from exc
 
@@ -643,6 +657,17 @@ def _looks_like_checkpoint(path: Path) -> bool:
         return True
     markers = (ckpt.TRAINER_STATE_FILE, state_io.OPTIMIZER_DIR, state_io.SCHEDULER_FILE, state_io.SCALER_FILE)
     return any((path / name).exists() for name in markers) or any(path.glob("rng_state_*.pth"))
+
+
+def _one_of(what: str, positional: Any, keyword: Any, default: str) -> Any:
+    """The class or name given positionally or as `<what>_cls=`; both at once is ambiguous."""
+    if positional is not None and keyword is not None:
+        raise ValueError(
+            f"{what}: pass the class or name once, positionally or as {what}_cls=, not both "
+            f"(got {positional!r} and {what}_cls={keyword!r})"
+        )
+    chosen = keyword if keyword is not None else positional
+    return default if chosen is None else chosen
 
 
 def _resolve_optimizer(optimizer: Any) -> Any:
