@@ -5,12 +5,12 @@
     python cookbook/ray/seed_usage.py --max-steps 6 --resume          # ... continues at step 4
     torchrun --nproc_per_node=2 cookbook/ray/seed_usage.py --mode local --max-steps 6   # same, torchrun
 
-The training code is the seed's, with the import path `twinkle_core`, a tiny local model (built
-here when --model-id is not given) and the `...` filled in (LoRA r=4 on all linear layers, AdamW
-lr=1e-3, max_grad_norm=1.0, 64-token samples in batches of 4). Deviations, all listed in
-docs/ray.md: the mesh has 2 ranks (dp 1 x fsdp 2) instead of 4; `strategy='native_fsdp'`
-(accelerate cannot shard on CPU); `gradient_accumulation_steps=2` instead of 16 (so that the
-64 demo samples make several optimizer steps); a cosine LR schedule is added; the loop runs over
+The training code is the seed's, with its `twinkle` imports and default strategy, a tiny local
+model (built here when --model-id is not given) and the `...` filled in (LoRA r=4 on all linear
+layers, AdamW lr=1e-3, max_grad_norm=1.0, 64-token samples in batches of 4). Deviations, all
+listed in docs/ray.md: the mesh has 2 ranks (dp 1 x fsdp 2) instead of 4 (--world-size);
+`gradient_accumulation_steps=2` instead of 16 (so that the 64 demo samples make several
+optimizer steps); a cosine LR schedule is added; the loop runs over
 several epochs up to --max-steps, with checkpoints and logging around it (`build`, `train`). In
 Ray mode `remote_group='actor'` puts the model in one Ray actor per rank and the DataLoader runs
 once, here, feeding both; under torchrun (`--mode local`) the very same calls run in each rank's
@@ -29,13 +29,13 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-import twinkle_core
-from twinkle_core import DeviceMesh
-from twinkle_core.checkpoint import is_complete
-from twinkle_core.dataloader import DataLoader
-from twinkle_core.dataset import Dataset
-from twinkle_core.model import TransformersModel
-from twinkle_core.remote import shutdown
+import twinkle
+from twinkle import DeviceMesh
+from twinkle.checkpoint import is_complete
+from twinkle.dataloader import DataLoader
+from twinkle.dataset import Dataset
+from twinkle.model import TransformersModel
+from twinkle.remote import shutdown
 
 CHECKPOINT = "last-checkpoint"
 ADAPTER = "actor-lora"
@@ -63,7 +63,7 @@ def parse_args() -> argparse.Namespace:
 
 def demo_assets(output_dir: Path) -> tuple[str, str]:
     """A tiny local model and demo data, written once (by the driver, or torchrun's rank 0)."""
-    from twinkle_core.assets import build_tiny_model, write_text_dataset
+    from twinkle.assets import build_tiny_model, write_text_dataset
 
     model_dir, data_file = output_dir / "tiny-model", output_dir / "demo.jsonl"
     ready = output_dir / ".demo-assets-ready"
@@ -81,7 +81,7 @@ def main() -> None:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     # A Ray instance this script starts itself gets no dashboard (an existing cluster keeps its own).
     ray_options: dict[str, Any] = {"include_dashboard": False} if args.address is None else {}
-    twinkle_core.initialize(mode=args.mode, address=args.address, seed=args.seed, **ray_options)
+    twinkle.initialize(mode=args.mode, address=args.address, seed=args.seed, **ray_options)
     model_id, data_file = args.model_id, args.data
     if model_id is None or data_file is None:
         demo_model, demo_data = demo_assets(args.output_dir)
@@ -99,15 +99,14 @@ def main() -> None:
 
 def build(model_id: str, data_file: str, world_size: int, max_steps: int) -> tuple[Any, Any]:
     """The seed's set-up: the DataLoader and the model with its LoRA adapter and optimizer."""
-    mesh = DeviceMesh.from_sizes(dp_size=1, fsdp_size=world_size, world_size=world_size)
+    # In the Ray driver the sizes make the world (one actor each); under torchrun they must match it.
+    mesh = DeviceMesh.from_sizes(dp_size=1, fsdp_size=world_size)
     # ---- the seed's example ----
     tokenizer = AutoTokenizer.from_pretrained(model_id)
     dataloader = DataLoader(
         Dataset(data_file, tokenizer, max_length=64), batch_size=4, device_mesh=mesh, remote_group="actor"
     )
-    model = TransformersModel(
-        model_id=model_id, device_mesh=mesh, remote_group="actor", strategy="native_fsdp"
-    )
+    model = TransformersModel(model_id=model_id, device_mesh=mesh, remote_group="actor")
     model.add_adapter_to_model(ADAPTER, {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"})
     model.set_optimizer("adamw", adapter_name=ADAPTER, lr=1e-3)
     model.set_lr_scheduler("cosine", num_warmup_steps=1, num_training_steps=max_steps)

@@ -2,9 +2,12 @@
 
     torchrun --nproc_per_node=2 cookbook/transformers/fsdp2.py --max-steps 10 --stop-at 5   # "interrupted"
     torchrun --nproc_per_node=2 cookbook/transformers/fsdp2.py --max-steps 10 --resume      # steps 6..10
+    torchrun --nproc_per_node=4 cookbook/transformers/fsdp2.py --fsdp-size 2   # hybrid: dp 2 x fsdp 2
 
 Without --model-id it builds a tiny local Llama and demo data (no hub access), so it runs on a
-laptop CPU. It uses only the public API: TransformersModel, DeviceMesh, Dataset, DataLoader.
+laptop CPU. It uses only the public API: TransformersModel, DeviceMesh, Dataset, DataLoader, with
+the default strategy ('accelerate': its FSDP2 on GPU; on CPU, where accelerate cannot shard,
+TransformersModel shards with native FSDP2 and logs that it does).
 
 Resume, as the seed describes it: full-parameter weights come back by building the model from
 the checkpoint (`model_id=<output>/last-checkpoint`), then `resume_from_checkpoint` restores the
@@ -18,11 +21,11 @@ import argparse
 import os
 from pathlib import Path
 
-from twinkle_core import DeviceMesh
-from twinkle_core.checkpoint import is_complete
-from twinkle_core.dataloader import DataLoader
-from twinkle_core.dataset import Dataset
-from twinkle_core.model import TransformersModel
+from twinkle import DeviceMesh
+from twinkle.checkpoint import is_complete
+from twinkle.dataloader import DataLoader
+from twinkle.dataset import Dataset
+from twinkle.model import TransformersModel
 
 CHECKPOINT_NAME = "last-checkpoint"
 
@@ -37,6 +40,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--output-dir", type=Path, default=Path("output/fsdp2"))
     parser.add_argument("--max-steps", type=int, default=10)
+    parser.add_argument(
+        "--fsdp-size", type=int, default=None, help="ranks per shard group (default: all); the rest replicate"
+    )
     parser.add_argument("--batch-size", type=int, default=4, help="global micro-batch size")
     parser.add_argument("--gradient-accumulation-steps", type=int, default=2)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -52,7 +58,7 @@ def demo_assets(output_dir: Path) -> tuple[str, str]:
     """A tiny local model and a demo dataset, built once by rank 0 (the others wait for it)."""
     import time
 
-    from twinkle_core.assets import build_tiny_model, write_text_dataset
+    from twinkle.assets import build_tiny_model, write_text_dataset
 
     model_dir, data_file = output_dir / "tiny-model", output_dir / "demo.jsonl"
     ready = output_dir / ".demo-assets-ready"
@@ -75,13 +81,13 @@ def main() -> None:
     checkpoint = args.output_dir / CHECKPOINT_NAME
     resuming = args.resume and is_complete(checkpoint)
 
-    # Every rank reads its own batches; the weights are sharded over all ranks.
-    mesh = DeviceMesh.from_sizes(fsdp_size=int(os.environ.get("WORLD_SIZE", "1")))
+    # Every rank reads its own batches; the weights are sharded over --fsdp-size ranks (default:
+    # all of them) and replicated over the rest (dp_size fills the world: hybrid sharding).
+    mesh = DeviceMesh.from_sizes(fsdp_size=args.fsdp_size or int(os.environ.get("WORLD_SIZE", "1")))
     full_weights_from_checkpoint = resuming and not args.lora
     model = TransformersModel(
         model_id=str(checkpoint) if full_weights_from_checkpoint else model_id,
         device_mesh=mesh,
-        strategy="native_fsdp",
         mixed_precision=args.mixed_precision,
     )
     adapter = "default" if args.lora else None

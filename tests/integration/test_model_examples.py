@@ -1,49 +1,57 @@
-"""The seed's usage example and the cookbook (cookbook/transformers/fsdp2.py) run as documented."""
+"""The cookbook (cookbook/transformers/fsdp2.py) runs as documented: the default strategy on a
+2 x 2 hybrid-sharded mesh, interrupted and resumed, ends bitwise equal to an uninterrupted run.
+
+(The seed's own usage example is tests/integration/test_seed_example.py.)
+"""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
-from dist_scripts.launch import REPO_ROOT, SCRIPTS, torchrun
+from dist_scripts.launch import REPO_ROOT, torchrun
 
-from twinkle_core.checkpoint import is_complete, read_trainer_state
-from twinkle_core.hub import COMPLETE_MARKER
+from twinkle.checkpoint import is_complete, read_trainer_state
 
 pytestmark = pytest.mark.slow
 
 COOKBOOK = str(REPO_ROOT / "cookbook" / "transformers" / "fsdp2.py")
+# 4 ranks: dp 2 x fsdp 2 (hybrid sharding); the default strategy; a full fine-tune.
+HYBRID = ["--fsdp-size", "2", "--max-steps", "4"]
 
 
-def test_seed_usage_example_on_four_ranks(
-    tmp_path: Path, tiny_model_dir: Path, text_dataset: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A local stand-in for the hub: the ms:// id is found in the download cache, never fetched.
-    cached = tmp_path / "hub" / "ms" / "Qwen--Qwen3.5-4B"
-    shutil.copytree(tiny_model_dir, cached)
-    (cached / COMPLETE_MARKER).write_text("Qwen/Qwen3.5-4B")
-    monkeypatch.setenv("TWINKLE_HUB_CACHE", str(tmp_path / "hub"))
-    proc = torchrun([str(SCRIPTS / "seed_usage_example.py"), str(tmp_path), str(text_dataset)], nproc=4)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    result = json.loads((tmp_path / "usage-rank0.json").read_text())
-    # 64 samples / global batch 4 = 16 micro-batches = 4 optimizer steps of 4 micro-batches.
-    assert result["micro_batches"] == 16 and len(result["losses"]) == 4
-    assert json.loads((tmp_path / "usage-rank3.json").read_text())["losses"] == result["losses"]
+def model_weights(checkpoint: Path) -> dict[str, object]:
+    from safetensors.torch import load_file
+
+    return dict(load_file(str(checkpoint / "model.safetensors")))
 
 
-def test_cookbook_interrupt_and_resume(tmp_path: Path) -> None:
-    output = tmp_path / "fsdp2"
-    first = torchrun([COOKBOOK, "--output-dir", str(output), "--max-steps", "4", "--stop-at", "2"])
+def test_cookbook_default_strategy_on_a_2x2_mesh_resumes_bitwise(tmp_path: Path) -> None:
+    import torch
+
+    whole = torchrun([COOKBOOK, "--output-dir", str(tmp_path / "whole"), *HYBRID], nproc=4)
+    assert whole.returncode == 0, whole.stderr[-4000:]
+    assert "strategy='accelerate' runs as native FSDP2 (fully_shard), hybrid sharding (dp 2 x fsdp 2)" in (
+        whole.stderr
+    )
+
+    output = tmp_path / "interrupted"
+    first = torchrun([COOKBOOK, "--output-dir", str(output), *HYBRID, "--stop-at", "2"], nproc=4)
     assert first.returncode == 0, first.stderr[-4000:]
     assert "stopped at step 2" in first.stdout
     checkpoint = output / "last-checkpoint"
     assert is_complete(checkpoint) and read_trainer_state(checkpoint)["cur_step"] == 2
-    second = torchrun([COOKBOOK, "--output-dir", str(output), "--max-steps", "4", "--resume"])
+    assert read_trainer_state(checkpoint)["strategy"] == "accelerate"
+
+    second = torchrun([COOKBOOK, "--output-dir", str(output), *HYBRID, "--resume"], nproc=4)
     assert second.returncode == 0, second.stderr[-4000:]
     assert f"resumed from {checkpoint} at step 2" in second.stdout
     steps = [line.split(":")[0] for line in second.stdout.splitlines() if line.startswith("step ")]
     assert steps == ["step 3", "step 4"]
     state = read_trainer_state(checkpoint)
     assert state["cur_step"] == 4 and state["consumed_train_samples"] == 4 * 4 * 2
+
+    resumed, reference = model_weights(checkpoint), model_weights(tmp_path / "whole" / "last-checkpoint")
+    assert resumed.keys() == reference.keys() and resumed
+    different = [k for k in resumed if not torch.equal(resumed[k], reference[k])]  # type: ignore[arg-type]
+    assert not different, f"resumed weights differ from the uninterrupted run: {different[:5]}"

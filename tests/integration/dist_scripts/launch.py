@@ -23,9 +23,14 @@ def torch_env() -> dict[str, str]:
 
 
 def torchrun(
-    args: list[str], nproc: int = 2, timeout: float = 600, cwd: Path | None = None
+    args: list[str],
+    nproc: int = 2,
+    timeout: float = 600,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `torchrun --nproc_per_node=<nproc> <args>`; returns the completed process (output captured)."""
+    """Run `torchrun --nproc_per_node=<nproc> <args>` (in `env`, default `torch_env()`); returns the
+    completed process (output captured)."""
     command = [
         sys.executable,
         "-m",
@@ -35,5 +40,5 @@ def torchrun(
         *args,
     ]
     return subprocess.run(
-        command, env=torch_env(), cwd=cwd or REPO_ROOT, capture_output=True, text=True, timeout=timeout
+        command, env=env or torch_env(), cwd=cwd or REPO_ROOT, capture_output=True, text=True, timeout=timeout
     )
