@@ -71,10 +71,10 @@ def fill_database(database_url: str, token: str, count: int, seed: int = 0) -> l
     """Schema at head, the bench token's project, `count` jobs; returns a sample of their ids."""
     from sqlalchemy import Table, insert
 
+    from jobcore.db import migrate
+    from jobcore.db.models import Checkpoint, Job
+    from jobcore.db.session import get_engine, session_scope
     from server.auth.service import DEFAULT_PROJECT, register_token
-    from server.db import migrate
-    from server.db.models import Checkpoint, Job
-    from server.db.session import get_engine, session_scope
     from twinkle_core.spec import JobSpec
 
     migrate.upgrade(database_url)

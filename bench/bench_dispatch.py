@@ -50,8 +50,8 @@ def claim_time(database_url: str, job_id: str) -> float | None:
     """Unix time of the job's claim event, or None while it is unclaimed."""
     from sqlalchemy import select
 
-    from server.db.models import JobEvent
-    from server.db.session import session_scope
+    from jobcore.db.models import JobEvent
+    from jobcore.db.session import session_scope
 
     with session_scope(database_url) as session:
         created = session.scalar(
@@ -64,8 +64,8 @@ def claim_time(database_url: str, job_id: str) -> float | None:
 
 
 def wait_terminal(database_url: str, job_id: str, timeout: float = 30.0) -> None:
-    from server.db.models import Job
-    from server.db.session import session_scope
+    from jobcore.db.models import Job
+    from jobcore.db.session import session_scope
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -44,9 +44,9 @@ WORKER_ID = "bench-ingest-worker"
 
 def make_job(database_url: str, save_total_limit: int = 3) -> str:
     """A running job owned by WORKER_ID, attempt 1 (what a claim + `started` leave behind)."""
+    from jobcore.db.models import Job
+    from jobcore.db.session import session_scope
     from server.auth.service import get_or_create_project
-    from server.db.models import Job
-    from server.db.session import session_scope
 
     with session_scope(database_url) as session:
         project = get_or_create_project(session, "bench")
@@ -65,7 +65,7 @@ def make_job(database_url: str, save_total_limit: int = 3) -> str:
 
 
 def make_supervisor(data_dir: Path, database_url: str, job_id: str) -> Any:
-    from server.settings import Settings
+    from jobcore.settings import Settings
     from worker.supervisor import Assignment, Supervisor
 
     settings = Settings(data_dir=data_dir, database_url=database_url)
@@ -93,8 +93,8 @@ def step_line(step: int, total: int) -> str:
 
 # ------------------------------------------------------------------------------ throughput
 def throughput(database_url: str, data_dir: Path, events: int, batch: int) -> dict[str, Any]:
-    from server.db.models import Job, JobMetric
-    from server.db.session import session_scope
+    from jobcore.db.models import Job, JobMetric
+    from jobcore.db.session import session_scope
 
     # (a) one batch
     sup = make_supervisor(data_dir, database_url, make_job(database_url))
@@ -242,7 +242,7 @@ def main() -> None:
     machine = common.machine_description()
     out: dict[str, Any] = {"machine": machine, "database": "postgresql"}
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp, common.scratch_postgres("ingest") as db:
-        from server.db import migrate
+        from jobcore.db import migrate
 
         migrate.upgrade(db)
         out["throughput"] = throughput(db, Path(tmp) / "throughput", args.events, args.batch)

@@ -97,8 +97,8 @@ def milestones(database_url: str, job_id: str) -> tuple[float, float]:
     """Unix times of the job's claim and torchrun launch events (worker/claim.py, worker/supervisor.py)."""
     from sqlalchemy import select
 
-    from server.db.models import JobEvent
-    from server.db.session import session_scope
+    from jobcore.db.models import JobEvent
+    from jobcore.db.session import session_scope
 
     with session_scope(database_url) as session:
         rows = session.execute(

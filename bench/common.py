@@ -135,7 +135,7 @@ def scratch_postgres(prefix: str) -> Iterator[str]:
     try:
         yield f"{base}/{name}"
     finally:
-        from server.db.session import get_engine
+        from jobcore.db.session import get_engine
 
         get_engine.cache_clear()  # engines of this process hold connections to the database
         with admin.connect() as conn:
@@ -162,7 +162,7 @@ def scratch_redis() -> Iterator[str]:
 def twinkle_jobs_command() -> list[str]:
     """The `twinkle-jobs` console script of this interpreter's environment (module form as fallback)."""
     script = Path(sys.executable).parent / "twinkle-jobs"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "server.cli.main"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "twinkle_cli.main"]
 
 
 @dataclass
@@ -217,8 +217,8 @@ class Service:
         """The worker registers itself in `workers` once it is ready to claim."""
         from sqlalchemy import select
 
-        from server.db.models import WorkerNode
-        from server.db.session import session_scope
+        from jobcore.db.models import WorkerNode
+        from jobcore.db.session import session_scope
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

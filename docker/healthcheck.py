@@ -62,8 +62,8 @@ def check_worker(
     """Healthy when a worker row of `host` belongs to a live local process and heartbeated recently."""
     from sqlalchemy import select
 
-    from server.db.models import WorkerNode
-    from server.db.session import make_engine
+    from jobcore.db.models import WorkerNode
+    from jobcore.db.session import make_engine
 
     engine = make_engine(database_url)
     try:
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args == ["server"]:
         verdict = check_server(os.environ.get("TWINKLE_HEALTHCHECK_URL", DEFAULT_SERVER_URL))
     elif args == ["worker"]:
-        from server.settings import Settings
+        from jobcore.settings import Settings
 
         settings = Settings()
         verdict = check_worker(

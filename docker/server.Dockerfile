@@ -27,13 +27,11 @@ RUN python /tmp/build/runtime_requirements.py /tmp/build/pyproject.toml --keep-i
     && pip install --no-cache-dir -r /tmp/build/requirements.txt \
     && rm -rf /tmp/build
 
-# Editable install: server/db/migrate.py finds alembic.ini and migrations/ next to the source tree,
-# which a plain wheel install would not carry.
-# Bytecode is compiled here because the non-root user cannot write __pycache__ into /app.
+# A plain (non-editable) install: the wheel carries the migrations package, and pip compiles the
+# bytecode into site-packages as root (the non-root user could not write __pycache__ later).
 WORKDIR /app
 COPY . /app
-RUN pip install --no-cache-dir --no-deps -e /app \
-    && python -m compileall -q /app/server /app/worker /app/twinkle /app/twinkle_core /app/client /app/migrations \
+RUN pip install --no-cache-dir --no-deps /app \
     && install -m 0755 docker/entrypoint.sh /usr/local/bin/twinkle-entrypoint \
     && install -m 0755 docker/healthcheck.py /usr/local/bin/twinkle-healthcheck \
     && groupadd --gid "${TWINKLE_UID}" twinkle \

@@ -31,12 +31,11 @@ RUN torch_before="$(python -c 'import torch; print(torch.__version__)')" \
         f'torch changed: {sys.argv[1]} -> {torch.__version__} (cuda {torch.version.cuda})')" "$torch_before" \
     && rm -rf /tmp/build
 
-# Editable install: server/db/migrate.py finds alembic.ini and migrations/ next to the source tree.
-# Bytecode is compiled here because the non-root user cannot write __pycache__ into /app.
+# A plain (non-editable) install: the wheel carries the migrations package, and pip compiles the
+# bytecode into site-packages as root (the non-root user could not write __pycache__ later).
 WORKDIR /app
 COPY . /app
-RUN pip install --no-cache-dir --no-deps -e /app \
-    && python -m compileall -q /app/server /app/worker /app/twinkle /app/twinkle_core /app/client /app/migrations \
+RUN pip install --no-cache-dir --no-deps /app \
     && install -m 0755 docker/entrypoint.sh /usr/local/bin/twinkle-entrypoint \
     && install -m 0755 docker/healthcheck.py /usr/local/bin/twinkle-healthcheck \
     && groupadd --gid "${TWINKLE_UID}" twinkle \

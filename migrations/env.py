@@ -5,8 +5,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from server.db.models import Base
-from server.settings import Settings
+from jobcore.db.models import Base
+from jobcore.settings import Settings
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or Settings().resolved_database_url

@@ -19,8 +19,8 @@ OUTPUT = REPO_ROOT / "openapi" / "openapi.json"
 
 def render() -> str:
     sys.path.insert(0, str(REPO_ROOT))
+    from jobcore.settings import Settings
     from server.app import create_app
-    from server.settings import Settings
 
     with tempfile.TemporaryDirectory() as scratch:
         # A throwaway data dir: building the app must not touch the operator's real one.

@@ -17,6 +17,10 @@ from fastapi.routing import APIRoute
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from jobcore.broker import send_wakeup
+from jobcore.db import migrate
+from jobcore.db.session import make_engine
+from jobcore.settings import Settings, get_settings
 from server.auth.ratelimit import TokenBuckets
 from server.auth.service import DEFAULT_PROJECT, register_token
 from server.checkpoints.router import router as checkpoints_router
@@ -26,8 +30,6 @@ from server.common.body_limit import BodyLimitMiddleware
 from server.common.heap import freeze_startup_heap
 from server.common.middleware import RequestContextMiddleware
 from server.dashboard.router import router as dashboard_router
-from server.db import migrate
-from server.db.session import make_engine
 from server.errors import install_error_handlers
 from server.files.router import MULTIPART_OVERHEAD
 from server.files.router import router as files_router
@@ -35,7 +37,6 @@ from server.jobs.router import router as jobs_router
 from server.openai_compat.router import router as openai_router
 from server.progress.router import router as progress_router
 from server.progress.stream import StreamTiming
-from server.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +53,10 @@ Every response carries an `x-request-id` header.
 
 
 def default_dispatch(settings: Settings) -> Callable[[str], None]:
-    """Wake a worker for a job. Imported at call time: the server runs without the worker package."""
+    """Wake a worker for a job through the broker (jobcore's wake-up contract); the CLI, which
+    composes the processes, may inject another (tests inject a recorder)."""
 
     def dispatch(job_id: str) -> None:
-        from worker.dispatch import send_wakeup  # the one place the server touches the worker
-
         send_wakeup(job_id, settings)
 
     return dispatch

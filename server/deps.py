@@ -18,10 +18,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from jobcore.settings import Settings
 from server.auth.ratelimit import TokenBuckets
 from server.auth.service import Principal, authenticate, cached_principal
 from server.errors import Forbidden, RateLimited, Unauthorized
-from server.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server.jobs.states import InvalidTransition
+from jobcore.jobs.states import InvalidTransition
 
 log = logging.getLogger(__name__)
 

@@ -58,7 +58,7 @@ def postgres_url() -> Iterator[str]:
     try:
         yield make_url(base).set(database=name).render_as_string(hide_password=False)
     finally:
-        from server.db.session import get_engine
+        from jobcore.db.session import get_engine
 
         url = make_url(base).set(database=name).render_as_string(hide_password=False)
         get_engine(url).dispose()

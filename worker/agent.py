@@ -16,9 +16,9 @@ import time
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from server.db.models import WorkerNode, utcnow
-from server.db.session import session_scope
-from server.settings import Settings
+from jobcore.db.models import WorkerNode, utcnow
+from jobcore.db.session import session_scope
+from jobcore.settings import Settings
 from worker import gang, reconciler, retention, webhooks
 from worker.attempt import launcher_of
 from worker.claim import claim_next_job, nproc_of

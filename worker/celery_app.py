@@ -18,15 +18,14 @@ from pathlib import Path
 
 from celery import Celery
 
-from server.settings import Settings, get_settings
-from worker import embedded_broker
+from jobcore.broker import QUEUE, WAKE_TASK, install_embedded_broker
+from jobcore.settings import Settings, get_settings
 
-QUEUE = "twinkle"
-WAKE_TASK = "worker.wake"
+__all__ = ["QUEUE", "RECONCILE_TASK", "WAKE_TASK", "make_celery"]
+
 RECONCILE_TASK = "worker.reconcile"
-SQLA_POLL_SECONDS = 0.2
 
-embedded_broker.install(SQLA_POLL_SECONDS)
+install_embedded_broker()
 
 
 def make_celery(settings: Settings) -> Celery:

@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.checkpoints.storage import S3Store, is_remote
-from server.db.models import Checkpoint
+from jobcore.db.models import Checkpoint
+from jobcore.storage import S3Store, is_remote
 from twinkle_core.checkpoint import retained
 
 COMPLETE_MARKER = "COMPLETE"

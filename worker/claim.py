@@ -14,10 +14,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from server.db.models import Job, Project, utcnow
-from server.jobs.lifecycle import transition
-from server.jobs.repository import lock_project
-from server.jobs.states import ACTIVE, InvalidTransition, JobStatus
+from jobcore.db.models import Job, Project, utcnow
+from jobcore.jobs.lifecycle import transition
+from jobcore.jobs.locks import lock_project
+from jobcore.jobs.states import ACTIVE, InvalidTransition, JobStatus
 from worker.attempt import launcher_of
 
 # How many queued jobs one claim looks at; enough to step over a few that do not fit.

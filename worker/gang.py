@@ -19,8 +19,8 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server.db.models import GangMember, Job, utcnow
-from server.jobs.states import JobStatus
+from jobcore.db.models import GangMember, Job, utcnow
+from jobcore.jobs.states import JobStatus
 from worker.claim import CANDIDATES, nproc_of
 from worker.launch import free_port
 

@@ -20,11 +20,11 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.checkpoints.storage import artifact_store, is_remote, store_for
-from server.db.models import Checkpoint, Job, utcnow
-from server.db.session import session_scope
-from server.jobs.states import ACTIVE, JobStatus
-from server.settings import Settings
+from jobcore.db.models import Checkpoint, Job, utcnow
+from jobcore.db.session import session_scope
+from jobcore.jobs.states import ACTIVE, JobStatus
+from jobcore.settings import Settings
+from jobcore.storage import artifact_store, is_remote, store_for
 from worker import gang
 from worker.checkpoints import COMPLETE_MARKER, checkpoints_dir, step_of
 from worker.launch import AttemptPaths, Rendezvous, resolve_torchrun, runner_env, torchrun_argv

@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
-from server.checkpoints.storage import S3Store, is_remote
-from server.db.models import Checkpoint, Job, JobEvent, JobMetric, lock_jobs_for_events, utcnow
+from jobcore.db.models import Checkpoint, Job, JobEvent, JobMetric, lock_jobs_for_events, utcnow
+from jobcore.storage import S3Store, is_remote
 from worker.checkpoints import COMPLETE_MARKER, dir_size, prune_checkpoints
 
 METRIC_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_second")

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from celery import Celery
 from celery.signals import beat_embedded_init, worker_shutting_down
 
-from server.settings import Settings, get_settings
+from jobcore.settings import Settings, get_settings
 from worker.agent import WorkerAgent, set_current_agent
 from worker.celery_app import make_celery
 

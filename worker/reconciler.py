@@ -21,11 +21,11 @@ import psutil
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from server.checkpoints.storage import artifact_store
-from server.db.models import Job, WorkerNode, utcnow
-from server.db.session import session_scope
-from server.jobs.states import ACTIVE, InvalidTransition
-from server.settings import Settings
+from jobcore.db.models import Job, WorkerNode, utcnow
+from jobcore.db.session import session_scope
+from jobcore.jobs.states import ACTIVE, InvalidTransition
+from jobcore.settings import Settings
+from jobcore.storage import artifact_store
 from worker.checkpoints import remove_dirs, remove_stored_checkpoints
 from worker.process_tree import kill_all, processes_referencing
 from worker.ray_launcher import RAY_LAUNCHED_ENV

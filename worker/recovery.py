@@ -11,10 +11,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from server.checkpoints.storage import S3Store
-from server.db.models import Job, JobEvent
-from server.jobs.lifecycle import transition
-from server.jobs.states import TERMINAL, JobStatus
+from jobcore.db.models import Job, JobEvent
+from jobcore.jobs.lifecycle import transition
+from jobcore.jobs.states import TERMINAL, JobStatus
+from jobcore.storage import S3Store
 from twinkle_core import checkpoint as ckpt
 from twinkle_core.progress import PROGRESS_FILE, ProgressReader
 from worker.checkpoints import dir_size, latest_complete_checkpoint, save_total_limit_of

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import psutil
 from sqlalchemy.orm import Session
 
-from server.db.models import WorkerNode, utcnow
+from jobcore.db.models import WorkerNode, utcnow
 
 ONLINE, OFFLINE, DEAD = "online", "offline", "dead"
 

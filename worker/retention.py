@@ -13,10 +13,10 @@ import time
 
 from sqlalchemy import select, update
 
-from server.db.models import Job
-from server.db.session import session_scope
-from server.jobs.states import ACTIVE
-from server.settings import Settings
+from jobcore.db.models import Job
+from jobcore.db.session import session_scope
+from jobcore.jobs.states import ACTIVE
+from jobcore.settings import Settings
 from worker.checkpoints import dir_size
 
 log = logging.getLogger(__name__)

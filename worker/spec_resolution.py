@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from server.db.models import File, Job
+from jobcore.db.models import File, Job
 from twinkle_core.spec import JobSpec
 
 

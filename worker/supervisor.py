@@ -20,12 +20,12 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
-from server.checkpoints.storage import artifact_store, is_remote, store_for
-from server.db.models import Checkpoint, Job, JobEvent, utcnow
-from server.db.session import session_scope
-from server.jobs.lifecycle import transition
-from server.jobs.states import InvalidTransition, JobStatus
-from server.settings import Settings
+from jobcore.db.models import Checkpoint, Job, JobEvent, utcnow
+from jobcore.db.session import session_scope
+from jobcore.jobs.lifecycle import transition
+from jobcore.jobs.states import InvalidTransition, JobStatus
+from jobcore.settings import Settings
+from jobcore.storage import artifact_store, is_remote, store_for
 from twinkle_core.progress import PROGRESS_FILE, ProgressReader
 from worker import gang
 from worker.attempt import AttemptTarget, RunningAttempt, start_attempt

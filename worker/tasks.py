@@ -6,7 +6,7 @@ import logging
 
 from celery import shared_task
 
-from server.settings import get_settings
+from jobcore.settings import get_settings
 from worker import reconciler
 from worker.agent import current_agent
 

@@ -22,9 +22,9 @@ import httpx
 from sqlalchemy import and_, select, update
 from sqlalchemy.orm import Session
 
-from server.db.models import Job, Project, WebhookDelivery, utcnow
-from server.db.session import session_scope
-from server.jobs.states import TERMINAL
+from jobcore.db.models import Job, Project, WebhookDelivery, utcnow
+from jobcore.db.session import session_scope
+from jobcore.jobs.states import TERMINAL
 
 log = logging.getLogger(__name__)
 

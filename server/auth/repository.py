@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Row, select, update
 from sqlalchemy.orm import Session
 
-from server.db.models import ApiToken, Project
+from jobcore.db.models import ApiToken, Project
 
 
 def project_by_name(session: Session, name: str) -> Project | None:

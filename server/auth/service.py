@@ -16,9 +16,9 @@ from datetime import timedelta
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session
 
+from jobcore.db.models import ApiToken, Project, utcnow
 from server.auth import repository
 from server.auth.cache import TtlCache, cache_for
-from server.db.models import ApiToken, Project, utcnow
 
 SCOPES = ("read", "write", "admin")
 # A scope grants itself and every weaker one: an admin token can also read and write.

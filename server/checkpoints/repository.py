@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Checkpoint
+from jobcore.db.models import Checkpoint
 
 
 def get_checkpoint(session: Session, job_id: str, checkpoint_id: str) -> Checkpoint | None:

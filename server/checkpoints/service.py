@@ -17,14 +17,15 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from jobcore import storage
+from jobcore.db.models import Checkpoint
+from jobcore.settings import Settings
 from server.auth.service import Principal
-from server.checkpoints import repository, storage
+from server.checkpoints import repository
 from server.checkpoints.schemas import CheckpointOut
 from server.common.pagination import split_page
-from server.db.models import Checkpoint
 from server.errors import InvalidRequest, NotFound
 from server.jobs import service as jobs
-from server.settings import Settings
 
 
 def present(checkpoint: Checkpoint) -> CheckpointOut:

@@ -6,11 +6,11 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from jobcore.jobs.states import JobStatus
 from server.cluster import prometheus, service
 from server.cluster.schemas import Health, Readiness, WorkerList, WorkerOut
 from server.deps import ReadPrincipal, SessionDep, SettingsDep
 from server.errors import error_responses
-from server.jobs.states import JobStatus
 
 router = APIRouter(tags=["cluster"])
 

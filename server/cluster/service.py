@@ -5,10 +5,10 @@ from __future__ import annotations
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from jobcore.db.models import Job, JobEvent, WorkerNode
+from jobcore.jobs.states import ACTIVE, JobStatus
+from jobcore.settings import Settings
 from server.auth.service import Principal
-from server.db.models import Job, JobEvent, WorkerNode
-from server.jobs.states import ACTIVE, JobStatus
-from server.settings import Settings
 
 
 def list_workers(session: Session, principal: Principal) -> list[dict[str, object]]:

@@ -5,7 +5,7 @@ Written as plain ASGI (not BaseHTTPMiddleware) so streamed responses (SSE, downl
 through untouched.
 
 Lost database connections: the API's engine does not ping before each checkout (see
-`server.db.session`), so the first statement on a connection the database has dropped fails.
+`jobcore.db.session`), so the first statement on a connection the database has dropped fails.
 SQLAlchemy then invalidates that connection and every other one opened before it. A GET, HEAD
 or OPTIONS request that failed this way before its response started is run once more (on a
 fresh connection); any other request, or a second failure, is answered 503 with Retry-After,

@@ -7,8 +7,8 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from jobcore.db.models import File
 from server.common.pagination import newest_first_after
-from server.db.models import File
 
 
 def get_file(session: Session, project_id: str, file_id: str) -> File | None:

@@ -12,16 +12,16 @@ from typing import BinaryIO
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from jobcore.db.models import File, new_id
+from jobcore.jobs.states import LIVE
+from jobcore.settings import Settings
 from server.auth.service import Principal
 from server.common.pagination import split_page
-from server.db.models import File, new_id
 from server.deps import after_commit, after_rollback
 from server.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge
 from server.files import repository
 from server.files.schemas import FileOut
 from server.jobs.repository import jobs_using_file
-from server.jobs.states import LIVE
-from server.settings import Settings
 from twinkle_core.dataset.formats import DatasetFormatError, file_format_of, validate_file
 
 PURPOSES = ("fine-tune",)

@@ -25,9 +25,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import File
+from jobcore.db.models import File
+from jobcore.settings import Settings
 from server.errors import InvalidRequest
-from server.settings import Settings
 from twinkle_core.spec import JobSpec
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")

@@ -7,38 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, and_, func, or_, select, union_all, update
+from sqlalchemy import Select, and_, func, or_, select, union_all
 from sqlalchemy.orm import Session, aliased
 
+from jobcore.db.models import Checkpoint, Job, JobEvent, JobMetric
+from jobcore.jobs.states import JobStatus
 from server.common.pagination import newest_first_after
-from server.db.models import Checkpoint, Job, JobEvent, JobMetric, Project
-from server.jobs.states import JobStatus
-
-
-def lock_project(session: Session, project_id: str, *, skip_locked: bool = False) -> bool:
-    """Hold the project row until the transaction ends, so that counting the project's jobs and
-    adding one (a submit under `max_queued_jobs`, a claim under `max_running_jobs`) is one
-    critical section. Returns False only with `skip_locked`, when another transaction holds it.
-
-    PostgreSQL: `FOR NO KEY UPDATE` (waits for another holder, or skips it; does not block inserts
-    of rows that merely reference the project). SQLite has no row locks and starts a transaction
-    only at the first write: a no-op UPDATE takes its one write lock now, before the count, so the
-    count sees every job committed before it and none can be committed until this one ends.
-    """
-    if session.get_bind().dialect.name == "sqlite":
-        session.execute(
-            update(Project)
-            .where(Project.id == project_id)
-            .values(max_queued_jobs=Project.max_queued_jobs)
-            .execution_options(synchronize_session=False)
-        )
-        return True
-    lock = (
-        select(Project.id)
-        .where(Project.id == project_id)
-        .with_for_update(key_share=True, skip_locked=skip_locked)
-    )
-    return session.scalar(lock) is not None
 
 
 def get_job(session: Session, project_id: str, job_id: str) -> Job | None:

@@ -7,13 +7,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from sqlalchemy.orm import Session
 
+from jobcore.db.models import Job
+from jobcore.jobs.states import JobStatus
 from server.common.pagination import DEFAULT_LIMIT, MAX_LIMIT
-from server.db.models import Job
 from server.deps import ReadPrincipal, SessionDep, SettingsDep, WritePrincipal, run_read
 from server.errors import InvalidRequest, error_responses
 from server.jobs import service
 from server.jobs.schemas import METADATA_KEY, Deleted, JobClone, JobCreate, JobList, JobOut, JobResume
-from server.jobs.states import JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

@@ -1,6 +1,6 @@
 """Job use cases: submit, read, act on. Services flush but never commit (the request does).
 
-Every status change goes through `server.jobs.lifecycle.transition`; waking a worker is
+Every status change goes through `jobcore.jobs.lifecycle.transition`; waking a worker is
 registered to run after the commit so a worker never looks for a row that is not there yet.
 """
 
@@ -21,17 +21,18 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from jobcore.db.models import Checkpoint, Job, JobEvent, Project
+from jobcore.jobs.lifecycle import transition
+from jobcore.jobs.locks import lock_project
+from jobcore.jobs.states import TERMINAL, InvalidTransition, JobStatus
+from jobcore.settings import Settings
 from server.auth.service import Principal
 from server.common.pagination import split_page
-from server.db.models import Checkpoint, Job, JobEvent, Project
 from server.deps import after_commit
 from server.errors import Conflict, InvalidRequest, NotFound, RateLimited
 from server.jobs import repository
-from server.jobs.lifecycle import transition
 from server.jobs.references import check_spec
 from server.jobs.schemas import CheckpointRef, JobClone, JobCreate, JobError, JobOut, Progress
-from server.jobs.states import TERMINAL, InvalidTransition, JobStatus
-from server.settings import Settings
 from twinkle_core.spec import JobSpec
 
 Dispatch = Callable[[str], None]
@@ -67,7 +68,7 @@ def _check_queue_limit(session: Session, project_id: str) -> None:
     """
     if session.scalar(select(Project.max_queued_jobs).where(Project.id == project_id)) is None:
         return
-    repository.lock_project(session, project_id)
+    lock_project(session, project_id)
     limit = session.scalar(select(Project.max_queued_jobs).where(Project.id == project_id))
     if limit is None:  # lifted in the meantime
         return

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from server.db.models import Checkpoint, Job
+from jobcore.db.models import Checkpoint, Job
 from server.errors import InvalidRequest, param_from_loc
 from server.jobs.schemas import JobCreate, JobEventOut, JobOut
 from server.openai_compat.schemas import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from server.db.models import JobEvent, JobMetric
+from jobcore.db.models import JobEvent, JobMetric
 from server.jobs import repository
 from server.jobs.schemas import JobEventOut, LogFile, MetricPoint
 

@@ -17,9 +17,9 @@ import anyio
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Job
+from jobcore.db.models import Job
+from jobcore.jobs.states import TERMINAL, JobStatus
 from server.jobs import repository
-from server.jobs.states import TERMINAL, JobStatus
 from server.progress.service import present_event
 
 BATCH = 500

@@ -1,6 +1,6 @@
 """Fixtures of the browser tests: Debian's Chromium driven by Playwright, and a real service.
 
-The service runs as subprocesses exactly as in production (`python -m server.cli.main server`
+The service runs as subprocesses exactly as in production (`python -m twinkle_cli.main server`
 and `... worker`), on the embedded SQLite database and broker in a temporary data dir. The
 browser is Debian's `chromium` package; Playwright's own browser download is never used (it
 cannot be fetched here). Without either, the browser tests skip and say why.
@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from server.cli.stack import free_port
+from twinkle_cli.stack import free_port
 
 CHROMIUM = Path(os.environ.get("TWINKLE_CHROMIUM", "/usr/bin/chromium"))
 # No sandbox: CI runs as root. No /dev/shm: containers give it 64 MB, too little for Chromium.
@@ -90,7 +90,7 @@ class Stack:
         return proc
 
     def start_worker(self) -> subprocess.Popen[bytes]:
-        return self.spawn(["-m", "server.cli.main", "worker", "--concurrency", "1"], "worker.log")
+        return self.spawn(["-m", "twinkle_cli.main", "worker", "--concurrency", "1"], "worker.log")
 
     def logs(self) -> str:
         parts = []
@@ -141,7 +141,7 @@ def stack(tmp_path: Path, tiny_model_dir: Path) -> Iterator[Stack]:
         env.pop(name, None)
     port = free_port()
     stack = Stack(url=f"http://127.0.0.1:{port}", token=TOKEN, env=env, data_dir=data_dir)
-    args = ["-m", "server.cli.main", "server", "--port", str(port)]
+    args = ["-m", "twinkle_cli.main", "server", "--port", str(port)]
     server = stack.spawn(args, "server.log")
     try:
         _wait_healthy(stack, server)

@@ -18,9 +18,9 @@ import uvicorn
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import Response
 
-from server.cli.stack import free_port
 from server.dashboard.router import router
 from server.errors import install_error_handlers
+from twinkle_cli.stack import free_port
 
 STREAM_EVENTS = 5
 STREAM_BATCH = 2  # events per connection: the client has to reconnect to get them all

@@ -81,8 +81,8 @@ def test_job_fields_schema_carries_the_api_constraints(client: TestClient) -> No
 
 def test_the_api_server_serves_the_dashboard(tmp_path: Path) -> None:
     """The real app: the page at `/`, the assets, and none of it in the API's OpenAPI document."""
+    from jobcore.settings import Settings
     from server.app import create_app
-    from server.settings import Settings
 
     with TestClient(create_app(Settings(data_dir=tmp_path), dispatch=lambda job_id: None)) as real:
         assert '<script type="module"' in real.get("/").text

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_api_support import *  # noqa: F403
 from test_api_support import Api, spec_body
 
-from server.db.models import Job, JobEvent
+from jobcore.db.models import Job, JobEvent
 
 
 def test_pagination_is_stable_while_jobs_are_inserted(api: Api) -> None:

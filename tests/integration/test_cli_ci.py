@@ -48,7 +48,7 @@ def idle_service(tmp_path: Path, tiny_model_dir: Path) -> Iterator[LiveService]:
 
 def cli_command(service: LiveService, *args: str) -> tuple[list[str], dict[str, str]]:
     env = {**os.environ, "TWINKLE_URL": service.url, "TWINKLE_TOKEN": TOKEN}
-    return [sys.executable, "-m", "server.cli.main", *args], env
+    return [sys.executable, "-m", "twinkle_cli.main", *args], env
 
 
 def cli(service: LiveService, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -114,7 +114,7 @@ def test_validate_names_the_bad_field(tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text("model: {model_id: org/m, mixed_precision: fp9}\ndata: {train_file: org/d}\n")
     result = subprocess.run(
-        [sys.executable, "-m", "server.cli.main", "jobs", "validate", "-f", str(spec)],
+        [sys.executable, "-m", "twinkle_cli.main", "jobs", "validate", "-f", str(spec)],
         capture_output=True,
         text=True,
         timeout=60,

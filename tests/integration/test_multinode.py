@@ -23,11 +23,11 @@ from sqlalchemy import select
 from test_worker_real_runner import assert_bitwise_equal
 from test_worker_support import WorkerEnv, job_processes, kill_tree, make_env, real_spec
 
+from jobcore.db.models import GangMember, Job, Project, WorkerNode
+from jobcore.db.session import session_scope
+from jobcore.settings import Settings
 from server.app import create_app
 from server.auth.service import create_token
-from server.db.models import GangMember, Job, Project, WorkerNode
-from server.db.session import session_scope
-from server.settings import Settings
 from worker.checkpoints import step_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]

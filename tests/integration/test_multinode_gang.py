@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from server.db.migrate import upgrade
-from server.db.models import GangMember, Job, Project, utcnow
-from server.db.session import session_scope
+from jobcore.db.migrate import upgrade
+from jobcore.db.models import GangMember, Job, Project, utcnow
+from jobcore.db.session import session_scope
 from worker import gang
 from worker.claim import claim_next_job
 from worker.launch import AttemptPaths, Rendezvous, free_port, resolve_torchrun, runner_env, torchrun_argv

@@ -15,11 +15,11 @@ import pytest
 from sqlalchemy import select
 from test_worker_support import WorkerEnv, fake_runner, fake_spec, sqlite_env
 
+from jobcore.broker import send_wakeup
+from jobcore.db.models import Checkpoint
+from jobcore.db.session import session_scope
+from jobcore.storage import store_for
 from server.checkpoints.service import checkpoint_archive
-from server.checkpoints.storage import store_for
-from server.db.models import Checkpoint
-from server.db.session import session_scope
-from worker.dispatch import send_wakeup
 
 moto_server = pytest.importorskip("moto.server")
 boto3 = pytest.importorskip("boto3")
@@ -118,8 +118,8 @@ def test_a_node_without_the_resume_checkpoint_downloads_it_from_object_storage(
     env: WorkerEnv, s3_endpoint: str, tmp_path: Path
 ) -> None:
     """Node i > 0 of a multi-node job, on a host without node 0's disk, resumes from the bucket."""
-    from server.checkpoints.storage import S3Store
-    from server.settings import Settings
+    from jobcore.settings import Settings
+    from jobcore.storage import S3Store
     from worker.gang_node import local_resume_point
 
     job_id = env.submit(fake_spec(), wake=False)

@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from server.cli.stack import free_port
+from twinkle_cli.stack import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def test_up_prints_a_working_url_and_token_and_stops_everything(tmp_path: Path) 
         env.pop(name, None)
     port = free_port()
     up = subprocess.Popen(
-        [sys.executable, "-m", "server.cli.main", "up", "--port", str(port)],
+        [sys.executable, "-m", "twinkle_cli.main", "up", "--port", str(port)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -13,11 +13,11 @@ import pytest
 from sqlalchemy import select
 from test_worker_support import WorkerEnv, fake_runner, fake_spec, make_env, sqlite_env
 
-from server.db.migrate import upgrade
-from server.db.models import Job, JobEvent, Project
-from server.db.session import session_scope
+from jobcore.broker import send_wakeup
+from jobcore.db.migrate import upgrade
+from jobcore.db.models import Job, JobEvent, Project
+from jobcore.db.session import session_scope
 from worker.claim import claim_next_job
-from worker.dispatch import send_wakeup
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import select
 from test_worker_support import WorkerEnv, fake_runner, fake_spec, job_processes, sqlite_env
 
-from server.db.models import Checkpoint, JobMetric
-from server.db.session import session_scope
-from worker.dispatch import send_wakeup
+from jobcore.broker import send_wakeup
+from jobcore.db.models import Checkpoint, JobMetric
+from jobcore.db.session import session_scope
 
 pytestmark = pytest.mark.slow
 

@@ -22,9 +22,9 @@ import psutil
 import pytest
 from sqlalchemy import select
 
-from server.db.migrate import upgrade
-from server.db.models import Job, JobEvent, Project
-from server.db.session import session_scope
+from jobcore.db.migrate import upgrade
+from jobcore.db.models import Job, JobEvent, Project
+from jobcore.db.session import session_scope
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -159,7 +159,7 @@ class WorkerEnv:
         return env
 
     def settings(self) -> Any:
-        from server.settings import Settings
+        from jobcore.settings import Settings
 
         return Settings(data_dir=self.data_dir, database_url=self.database_url, broker_url=self.broker_url)
 
@@ -203,7 +203,7 @@ class WorkerEnv:
         return job_id
 
     def wake(self, job_id: str) -> None:
-        from worker.dispatch import send_wakeup
+        from jobcore.broker import send_wakeup
 
         send_wakeup(job_id, self.settings())
 
@@ -235,7 +235,7 @@ class WorkerEnv:
 
     def set_status(self, job_id: str, target: str) -> None:
         """What the API's cancel / pause / resume do: a transition on the row."""
-        from server.jobs.lifecycle import transition
+        from jobcore.jobs.lifecycle import transition
 
         with session_scope(self.database_url) as session:
             job = session.get(Job, job_id)

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from server.cli.stack import free_port
+from twinkle_cli.stack import free_port
 
 TOKEN = "tw-test-admin-token"
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -50,7 +50,7 @@ class LiveService:
     def _spawn(self, args: list[str], log_name: str, **env: str) -> subprocess.Popen[bytes]:
         log = open(self.data_dir / log_name, "ab")  # noqa: SIM115 - the child owns it
         proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli.main", *args],
+            [sys.executable, "-m", "twinkle_cli.main", *args],
             env={**self.env, **env},
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from server.cli.stack import free_port
+from twinkle_cli.stack import free_port
 
 
 @dataclass

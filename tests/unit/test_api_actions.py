@@ -5,7 +5,7 @@ from __future__ import annotations
 from test_api_support import *  # noqa: F403
 from test_api_support import Api
 
-from server.db.models import Job, JobEvent
+from jobcore.db.models import Job, JobEvent
 
 
 def test_resume_uses_the_latest_checkpoint_and_wakes_a_worker(api: Api) -> None:

@@ -6,10 +6,10 @@ import pytest
 from test_api_support import *  # noqa: F403
 from test_api_support import BOOTSTRAP, Api
 
+from jobcore.db.models import ApiToken
 from server.app import bootstrap
 from server.auth.ratelimit import TokenBuckets
 from server.auth.service import create_token, hash_token, list_tokens, revoke_token
-from server.db.models import ApiToken
 
 
 def test_tokens_are_stored_hashed_and_shown_once(api: Api) -> None:

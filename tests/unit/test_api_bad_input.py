@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from test_api_support import *  # noqa: F403
 from test_api_support import Api, spec_body
 
-from server.db.models import File, Job
+from jobcore.db.models import File, Job
 
 
 def counts(api: Api) -> tuple[int, int, int]:

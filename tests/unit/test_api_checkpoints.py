@@ -59,7 +59,7 @@ def test_download_of_vanished_or_foreign_checkpoints_is_404(api: Api) -> None:
 def test_a_checkpoint_path_outside_the_data_dir_is_never_served(api: Api, tmp_path: object) -> None:
     from pathlib import Path
 
-    from server.db.models import Checkpoint
+    from jobcore.db.models import Checkpoint
 
     job = api.submit()
     secret = Path(str(tmp_path)) / "secret"

@@ -9,9 +9,9 @@ from fastapi.testclient import TestClient
 from test_api_support import *  # noqa: F403
 from test_api_support import Api
 
+from jobcore.db.models import WorkerNode, utcnow
+from jobcore.settings import Settings
 from server.app import create_app
-from server.db.models import WorkerNode, utcnow
-from server.settings import Settings
 
 
 def test_workers_show_gpus_heartbeats_and_only_own_running_jobs(api: Api) -> None:

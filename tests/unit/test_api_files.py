@@ -135,6 +135,6 @@ def test_a_failed_request_leaves_no_stored_file(api: Api, monkeypatch: pytest.Mo
         upload(api, "train.jsonl", CHAT)
     assert list(api.settings.files_dir.iterdir()) == []
     with api.session() as session:
-        from server.db.models import File
+        from jobcore.db.models import File
 
         assert session.query(File).count() == 0

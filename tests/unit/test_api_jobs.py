@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from test_api_support import *  # noqa: F403
 from test_api_support import Api, spec_body
 
-from server.db.models import Job, Project
+from jobcore.db.models import Job, Project
 
 
 def test_no_token_is_401_in_the_envelope_with_a_request_id(api: Api) -> None:

@@ -15,7 +15,7 @@ import pytest
 from test_api_support import *  # noqa: F403
 from test_api_support import BOOTSTRAP, Api
 
-from server.db.models import Job
+from jobcore.db.models import Job
 
 
 @pytest.fixture()

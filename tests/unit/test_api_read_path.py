@@ -14,9 +14,9 @@ from sqlalchemy import Engine, create_engine, event, text, update
 from test_api_support import *  # noqa: F403
 from test_api_support import Api
 
+from jobcore.db.models import ApiToken, Checkpoint, Job, utcnow
 from server.auth.cache import TTL_SECONDS, TtlCache, cache_for
 from server.auth.service import Principal, hash_token, list_tokens, revoke_token
-from server.db.models import ApiToken, Checkpoint, Job, utcnow
 
 
 def _cache(api: Api) -> TtlCache[Principal]:

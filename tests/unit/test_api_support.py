@@ -24,12 +24,12 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from jobcore.db import migrate
+from jobcore.db.models import Base, Checkpoint, Job, JobEvent, JobMetric, utcnow
+from jobcore.settings import Settings
 from server.app import create_app
 from server.auth.service import create_token, set_project_limits
-from server.db import migrate
-from server.db.models import Base, Checkpoint, Job, JobEvent, JobMetric, utcnow
 from server.progress.stream import StreamTiming
-from server.settings import Settings
 
 __all__ = ["BOOTSTRAP", "Api", "api", "api_db_url", "api_pg_database", "api_sqlite_template", "spec_body"]
 

@@ -11,10 +11,10 @@ from click.testing import CliRunner, Result
 from test_api_support import *  # noqa: F403
 from test_api_support import Api
 
+from jobcore.settings import get_settings
 from server.auth.cache import TTL_SECONDS, cache_for
 from server.auth.service import hash_token
-from server.cli.main import cli
-from server.settings import get_settings
+from twinkle_cli.main import cli
 
 
 @pytest.fixture()

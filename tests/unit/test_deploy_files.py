@@ -139,7 +139,7 @@ def test_twinkle_services_read_dotenv_and_use_the_mounted_data_dir(services: dic
 def test_compose_commands_exist_in_the_cli(services: dict[str, Any]) -> None:
     import click
 
-    from server.cli.main import cli
+    from twinkle_cli.main import cli
 
     for name in TWINKLE_SERVICES:
         argv = services[name]["command"]
@@ -155,7 +155,7 @@ def test_compose_commands_exist_in_the_cli(services: dict[str, Any]) -> None:
 
 def test_beat_schedules_the_reconciler_and_keeps_its_file_writable(tmp_path: Path) -> None:
     # `twinkle-jobs beat` runs Celery beat with the workers' app: what it schedules is that app's.
-    from server.settings import Settings
+    from jobcore.settings import Settings
     from worker.celery_app import RECONCILE_TASK, make_celery
 
     app = make_celery(Settings(data_dir=tmp_path))
@@ -207,7 +207,8 @@ def test_worker_image_keeps_the_base_images_torch() -> None:
     ]
     assert not any("pip install" in r and "torch==" in r for r in runs)
     assert any("--keep-installed torch" in r for r in runs)
-    assert any("pip install --no-cache-dir --no-deps -e /app" in r for r in runs)
+    # A plain install (not -e): the wheel carries everything the service needs, migrations included.
+    assert any("pip install --no-cache-dir --no-deps /app" in r for r in runs)
 
 
 def test_dockerignore_keeps_secrets_and_local_state_out() -> None:
@@ -216,7 +217,7 @@ def test_dockerignore_keeps_secrets_and_local_state_out() -> None:
 
 
 def test_env_example_documents_every_setting() -> None:
-    from server.settings import Settings
+    from jobcore.settings import Settings
 
     text = (ROOT / ".env.example").read_text()
     missing = [f"TWINKLE_{f.upper()}" for f in Settings.model_fields if f"TWINKLE_{f.upper()}=" not in text]
@@ -283,7 +284,7 @@ def test_server_check_needs_a_200_from_healthz(http_server: str) -> None:
 
 @pytest.fixture()
 def worker_db(tmp_path: Path) -> str:
-    from server.db.migrate import upgrade
+    from jobcore.db.migrate import upgrade
 
     url = f"sqlite:///{tmp_path / 'twinkle.db'}"
     upgrade(url)
@@ -291,8 +292,8 @@ def worker_db(tmp_path: Path) -> str:
 
 
 def add_worker_row(url: str, host: str, pid: int, heartbeat_at: datetime) -> None:
-    from server.db.models import WorkerNode
-    from server.db.session import session_scope
+    from jobcore.db.models import WorkerNode
+    from jobcore.db.session import session_scope
 
     with session_scope(url) as session:
         session.add(WorkerNode(id=f"w-{pid}-{host}", host=host, pid=pid, heartbeat_at=heartbeat_at))

@@ -11,10 +11,10 @@ PROCESSES = 6
 def _publish(url: str, barrier: mp.synchronize.Barrier, safe: bool) -> None:
     from kombu import Connection
 
-    from worker import embedded_broker
+    from jobcore.broker import install_embedded_broker
 
     if safe:
-        embedded_broker.install(0.2)
+        install_embedded_broker(0.2)
     with Connection(url) as conn:
         channel = conn.channel()
         barrier.wait(timeout=30)

@@ -12,10 +12,10 @@ import pytest
 from test_api_support import *  # noqa: F403
 from test_api_support import Api, spec_body
 
-from server.db.migrate import upgrade
-from server.db.models import Job, Project
-from server.db.session import session_scope
-from server.settings import Settings
+from jobcore.db.migrate import upgrade
+from jobcore.db.models import Job, Project
+from jobcore.db.session import session_scope
+from jobcore.settings import Settings
 from worker.agent import WorkerAgent
 from worker.attempt import AttemptTarget, launcher_of, start_attempt
 from worker.claim import claim_next_job

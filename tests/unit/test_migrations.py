@@ -14,8 +14,8 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
-from server.db import migrate
-from server.db.models import Base
+from jobcore.db import migrate
+from jobcore.db.models import Base
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from server.settings import Settings
+from jobcore.settings import Settings
 
 
 @pytest.fixture(autouse=True)

@@ -10,9 +10,9 @@ from sqlalchemy import select
 from test_api_support import *  # noqa: F403
 from test_api_support import Api
 
-from server.db.models import Job, JobEvent
-from server.jobs.lifecycle import transition
-from server.jobs.states import ALLOWED, TERMINAL, InvalidTransition, JobStatus, can_transition
+from jobcore.db.models import Job, JobEvent
+from jobcore.jobs.lifecycle import transition
+from jobcore.jobs.states import ALLOWED, TERMINAL, InvalidTransition, JobStatus, can_transition
 
 S = JobStatus
 ALL = list(JobStatus)

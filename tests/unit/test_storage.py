@@ -14,8 +14,8 @@ import pytest
 from test_api_support import *  # noqa: F403
 from test_api_support import Api
 
-from server.checkpoints.storage import S3Store, is_remote, split_s3_url
-from server.db.models import Checkpoint
+from jobcore.db.models import Checkpoint
+from jobcore.storage import S3Store, is_remote, split_s3_url
 
 moto_server = pytest.importorskip("moto.server")
 boto3 = pytest.importorskip("boto3")

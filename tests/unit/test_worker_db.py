@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from server.db.migrate import upgrade
-from server.db.models import (
+from jobcore.db.migrate import upgrade
+from jobcore.db.models import (
     Checkpoint,
     Job,
     JobEvent,
@@ -26,8 +26,8 @@ from server.db.models import (
     WorkerNode,
     utcnow,
 )
-from server.db.session import session_scope
-from server.settings import Settings
+from jobcore.db.session import session_scope
+from jobcore.settings import Settings
 from worker import reconciler, retention, webhooks
 from worker.checkpoints import enforce_save_total_limit
 from worker.claim import claim_next_job
@@ -278,7 +278,7 @@ def test_a_lost_attempt_that_had_finished_succeeds_instead_of_retrying(
 
 
 def test_running_time_is_banked_when_an_attempt_ends(settings: Settings, project: str) -> None:
-    from server.jobs.lifecycle import transition
+    from jobcore.jobs.lifecycle import transition
 
     job_id = add_job(settings, project, status="starting", attempt=1, run_seconds=100.0)
     with session_scope(settings.resolved_database_url) as session:

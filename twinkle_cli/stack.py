@@ -1,6 +1,6 @@
 """A local stack: the API server and a worker as child processes, for `up` and `demo`.
 
-Children are started as `python -m server.cli.main server|worker` so they read the same
+Children are started as `python -m twinkle_cli.main server|worker` so they read the same
 TWINKLE_ environment; stopping the stack sends SIGTERM to each and waits, so a worker gets to end
 its training processes before we return.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from server.settings import Settings
+from jobcore.settings import Settings
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -69,7 +69,7 @@ class LocalStack:
         log_dir.mkdir(parents=True, exist_ok=True)
         out = open(log_dir / log_name, "ab") if self.quiet else None  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli.main", *args], env=env, stdout=out, stderr=out
+            [sys.executable, "-m", "twinkle_cli.main", *args], env=env, stdout=out, stderr=out
         )
         self.procs.append(proc)
         return proc

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from server.settings import get_settings
+from jobcore.settings import get_settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -56,7 +56,7 @@ def beat() -> None:
 @cli.command()
 def migrate() -> None:
     """Apply the database migrations (alembic upgrade head)."""
-    from server.db.migrate import upgrade
+    from jobcore.db.migrate import upgrade
 
     settings = get_settings()
     upgrade(settings.resolved_database_url)
@@ -68,7 +68,7 @@ def migrate() -> None:
 @click.option("--port", default=8000, show_default=True, type=int)
 def up(host: str, port: int) -> None:
     """Run the server and a worker together on the configured (default: embedded) database and broker."""
-    from server.cli.stack import LocalStack
+    from twinkle_cli.stack import LocalStack
 
     stack = LocalStack(get_settings(), host=host, port=port)
     _sigterm_as_interrupt()
@@ -96,8 +96,8 @@ def up(host: str, port: int) -> None:
 @click.option("--timeout", default=600.0, show_default=True, type=float, help="Seconds to wait for the job")
 def demo(url: str | None, token: str | None, steps: int, nproc: int, timeout: float) -> None:
     """Fine-tune a tiny local model end to end through the API and print the checkpoint path."""
-    from server.cli.demo import run_demo
-    from server.cli.stack import LocalStack, free_port
+    from twinkle_cli.demo import run_demo
+    from twinkle_cli.stack import LocalStack, free_port
 
     settings = get_settings()
     if url:
@@ -125,8 +125,8 @@ def _sigterm_as_interrupt() -> None:
 
 
 def _register_resource_commands() -> None:
-    from server.cli.resources import checkpoints, files, jobs
-    from server.cli.tokens import tokens
+    from twinkle_cli.resources import checkpoints, files, jobs
+    from twinkle_cli.tokens import tokens
 
     cli.add_command(tokens)
     cli.add_command(jobs)

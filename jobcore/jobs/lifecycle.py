@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from server.db.models import Job, JobEvent, utcnow
-from server.jobs.states import TERMINAL, InvalidTransition, JobStatus, check_transition
+from jobcore.db.models import Job, JobEvent, utcnow
+from jobcore.jobs.states import TERMINAL, InvalidTransition, JobStatus, check_transition
 
 # States a job can be in while its runner (once it reported running) is still alive.
 RUNNER_ALIVE = frozenset({JobStatus.RUNNING, JobStatus.PAUSING, JobStatus.CANCELLING})

@@ -13,7 +13,7 @@ from typing import Any
 import click
 import httpx
 
-from server.settings import Settings
+from jobcore.settings import Settings
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 

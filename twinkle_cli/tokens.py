@@ -18,10 +18,10 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from jobcore.db.models import ApiToken, Project
+from jobcore.settings import get_settings
 from server.auth.cache import TTL_SECONDS
 from server.auth.service import create_token, list_tokens, revoke_token
-from server.db.models import ApiToken, Project
-from server.settings import get_settings
 
 OUTPUT = click.option(
     "--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True
@@ -34,7 +34,7 @@ def tokens() -> None:
 
 
 def _database_url() -> str:
-    from server.db.migrate import upgrade
+    from jobcore.db.migrate import upgrade
 
     settings = get_settings()
     upgrade(settings.resolved_database_url)  # an admin command may be the first thing ever run
@@ -48,7 +48,7 @@ def _database_url() -> str:
 @OUTPUT
 def tokens_create(project: str, scopes: tuple[str, ...], name: str, output: str) -> None:
     """Create a token; it is printed once and stored only as a hash."""
-    from server.db.session import session_scope
+    from jobcore.db.session import session_scope
 
     with session_scope(_database_url()) as session:
         try:
@@ -105,7 +105,7 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
 @OUTPUT
 def tokens_list(project: str | None, include_revoked: bool, output: str) -> None:
     """List tokens (id, name, project, scopes, created, last used, revoked); never the secret."""
-    from server.db.session import session_scope
+    from jobcore.db.session import session_scope
 
     with session_scope(_database_url()) as session:
         try:
@@ -144,7 +144,7 @@ def _find_by_name(session: Session, project: str, name: str) -> ApiToken:
 @OUTPUT
 def tokens_revoke(token_id: str | None, project: str | None, name: str | None, output: str) -> None:
     """Revoke a token by id (or by --project and --name). Idempotent for a revoked token."""
-    from server.db.session import session_scope
+    from jobcore.db.session import session_scope
 
     if (token_id is None) == (name is None):
         raise click.UsageError("give either a TOKEN_ID or --project and --name")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from server.settings import Settings
+from jobcore.settings import Settings
 
 COMPLETE_MARKER = "COMPLETE"
 S3_SCHEME = "s3://"

@@ -1,0 +1,80 @@
+"""The broker contract between server and worker: the queue, the wake-up task, and sending it.
+
+The broker only wakes workers; SQL holds the queue and every job's status. The server sends a
+wake-up (the job id alone) after the commit; a worker's Celery app consumes `QUEUE` and runs
+`WAKE_TASK`, which claims whatever queued job has the highest priority.
+
+The embedded broker is kombu's SQLAlchemy transport, made safe for several processes here:
+kombu creates its tables and a queue's row on first use behind a process-local lock only; the
+server (publishing a wake-up) and a worker (starting to consume) can both do it at the same
+moment, and the loser's "table already exists" or IntegrityError kills the worker at start-up.
+In both cases the loser only needs what the winner created.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from typing import Any
+
+from celery import Celery
+from kombu.transport import sqlalchemy as kombu_sqlalchemy
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from jobcore.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+QUEUE = "twinkle"
+WAKE_TASK = "worker.wake"
+# kombu's SQLAlchemy transport polls its table this often (about 0.2 s of dispatch latency).
+SQLA_POLL_SECONDS = 0.2
+
+
+class RaceSafeChannel(kombu_sqlalchemy.Channel):
+    def _open(self) -> Any:
+        try:
+            return super()._open()
+        except OperationalError as exc:
+            if "already exists" not in str(exc):
+                raise
+            return super()._open()  # the tables exist now; create_all has nothing left to do
+
+    def _get_or_create(self, queue: str) -> Any:
+        try:
+            return super()._get_or_create(queue)
+        except IntegrityError:
+            self.session.rollback()
+            return self.session.query(self.queue_cls).filter(self.queue_cls.name == queue).one()
+
+
+def install_embedded_broker(poll_seconds: float = SQLA_POLL_SECONDS) -> None:
+    transport = kombu_sqlalchemy.Transport
+    transport.Channel = RaceSafeChannel
+    # Set on the class: passing polling_interval through broker_transport_options crashes kombu 5.7.0.
+    transport.polling_interval = poll_seconds
+
+
+@lru_cache(maxsize=8)
+def _producer(broker_url: str) -> Celery:
+    if broker_url.startswith("sqla+"):
+        install_embedded_broker()  # the publisher may create the broker tables
+    app = Celery("twinkle_jobs_producer", broker=broker_url)
+    app.conf.update(task_serializer="json", accept_content=["json"], task_ignore_result=True)
+    return app
+
+
+def send_wakeup(job_id: str, settings: Settings | None = None) -> None:
+    """Wake a worker for `job_id`. Never raises: the job is already queued in SQL, and every
+    worker polls the queue each heartbeat, so a broker outage only delays it."""
+    settings = settings or get_settings()
+    try:
+        _producer(settings.resolved_broker_url).send_task(
+            WAKE_TASK,
+            args=[job_id],
+            queue=QUEUE,
+            retry=True,
+            retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
+        )
+    except Exception as exc:
+        log.warning("could not send the wake-up for %s (a worker poll will pick it up): %s", job_id, exc)

@@ -1,0 +1,1 @@
+"""Alembic revisions (Alembic skips this file when it reads them)."""
