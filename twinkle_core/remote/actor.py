@@ -12,6 +12,8 @@ import socket
 from datetime import timedelta
 from typing import Any
 
+from twinkle_core.remote.context import seed_everything
+
 # Environment the driver's objects depend on (offline hub, caches, job identity) travels to the ranks.
 FORWARDED_ENV_PREFIXES = ("HF_", "TRANSFORMERS_", "TWINKLE_", "TOKENIZERS_")
 
@@ -68,8 +70,6 @@ class RankActor:
                 timeout=timedelta(seconds=timeout_s),
             )
         if seed is not None:
-            from twinkle_core.remote.runtime import seed_everything
-
             seed_everything(seed)
 
     # -- objects ----------------------------------------------------------------------------------

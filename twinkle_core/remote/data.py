@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from twinkle_core.remote.context import group_mesh
+
 
 @dataclass(frozen=True)
 class ShardedBatch:
@@ -127,8 +129,6 @@ class ShardedDataLoader:
 
 def sharded_dataloader(loader_cls: type, group_name: str, arguments: dict[str, Any]) -> ShardedDataLoader:
     """`remote_class` driver factory of DataLoader: the mesh is the argument or the group's."""
-    from twinkle_core.remote.decorator import group_mesh
-
     mesh = arguments.get("device_mesh") or group_mesh(group_name)
     if mesh is None:
         raise ValueError(

@@ -23,7 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from twinkle_core.remote import runtime
+from twinkle_core.remote import context
+from twinkle_core.remote.group import RankGroup
+from twinkle_core.remote.handle import RemoteHandle
 
 T = TypeVar("T", bound=type)
 DriverFactory = Callable[[type, str, dict[str, Any]], Any]
@@ -71,7 +73,7 @@ def _patch_new(cls: Any, options: RemoteClassOptions) -> None:
     own_new = cls.__dict__.get("__new__")
 
     def __new__(klass: type, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get(REMOTE_GROUP) is not None and runtime.is_ray_mode():
+        if kwargs.get(REMOTE_GROUP) is not None and context.is_ray_mode():
             remote = _build_remote(klass, options, args, kwargs)
             if remote is not None:
                 return remote  # not an instance of klass, so Python skips __init__
@@ -122,20 +124,17 @@ def _build_remote(
         if options.driver_factory is None:
             return None
         return options.driver_factory(cls, group_name, bound_arguments(cls, args, kwargs))
-    from twinkle_core.remote.handle import RemoteHandle
-
     mesh = bound_arguments(cls, args, kwargs).get("device_mesh")
     group = _group_for(group_name, mesh)
     object_id = group.construct(cls, args, kwargs)
     return RemoteHandle(cls, group, object_id, options.split_args)
 
 
-def _group_for(name: str, mesh: Any) -> Any:
-    from twinkle_core.remote.group import RankGroup
-
-    state = runtime.state()
+def _group_for(name: str, mesh: Any) -> RankGroup:
+    state = context.state()
     existing = state.groups.get(name)
     if existing is not None and existing.failure is None:
+        assert isinstance(existing, RankGroup), f"remote group {name!r} is a {type(existing).__name__}"
         if mesh is not None and mesh != existing.device_mesh:
             raise ValueError(
                 f"device_mesh {mesh} differs from remote group {name!r}'s {existing.device_mesh}: "
@@ -146,13 +145,7 @@ def _group_for(name: str, mesh: Any) -> Any:
         raise ValueError(
             f"remote_group={name!r} needs device_mesh=...: the mesh says how many ranks (actors) to start"
         )
-    resources = state.groups_resources.get(name, runtime.GroupResources())
+    resources = state.groups_resources.get(name, context.GroupResources())
     group = RankGroup(name, mesh, resources, seed=state.seed, call_timeout_s=state.call_timeout_s)
     state.groups[name] = group
     return group
-
-
-def group_mesh(name: str) -> Any | None:
-    """The device mesh of remote group `name`, if it exists (a DataLoader may take it from there)."""
-    group = runtime.state().groups.get(name)
-    return group.device_mesh if group is not None else None

@@ -16,7 +16,7 @@ from collections import defaultdict
 from typing import Any
 
 from twinkle_core.remote.actor import RankActor, forwarded_env
-from twinkle_core.remote.runtime import GroupResources
+from twinkle_core.remote.context import GroupResources
 
 logger = logging.getLogger(__name__)
 

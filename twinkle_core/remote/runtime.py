@@ -8,68 +8,37 @@ actors, one per rank. Ray actors themselves stay in local mode: they build the r
 from __future__ import annotations
 
 import logging
-import os
-import random
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-if TYPE_CHECKING:
-    from twinkle_core.remote.group import RankGroup
+from twinkle_core.remote.context import (
+    GroupResources,
+    Mode,
+    RuntimeState,
+    is_ray_mode,
+    seed_everything,
+    state,
+    under_torchrun,
+)
+
+# The state and its readers live in `context` (so that every module can import them without a
+# cycle); they stay importable from here, where `initialize` sets them.
+__all__ = [
+    "RAY_MISSING",
+    "GroupResources",
+    "Mode",
+    "RuntimeState",
+    "initialize",
+    "is_ray_mode",
+    "seed_everything",
+    "shutdown",
+    "state",
+    "under_torchrun",
+]
 
 logger = logging.getLogger(__name__)
 
-Mode = Literal["local", "ray"]
 _MODES = ("local", "ray")
 RAY_MISSING = "Ray mode needs the optional dependency group 'ray': pip install 'twinkle-jobs[ray]'"
-
-
-@dataclass(frozen=True)
-class GroupResources:
-    """What one rank of a remote group reserves in its placement-group bundle."""
-
-    num_cpus: float = 1.0
-    num_gpus: float | None = None  # None: 1 per rank when the cluster has GPUs, else 0
-
-    def __post_init__(self) -> None:
-        if self.num_cpus < 0:
-            raise ValueError(f"groups.num_cpus must be >= 0, got {self.num_cpus}")
-        if self.num_gpus is not None and self.num_gpus < 0:
-            raise ValueError(f"groups.num_gpus must be >= 0, got {self.num_gpus}")
-
-
-@dataclass
-class RuntimeState:
-    mode: Mode = "local"
-    seed: int | None = None
-    call_timeout_s: float | None = None
-    groups_resources: dict[str, GroupResources] = field(default_factory=dict)
-    groups: dict[str, RankGroup] = field(default_factory=dict)
-    owns_ray: bool = False  # this process started the Ray instance (so shutdown() stops it)
-
-
-_state = RuntimeState()
-
-
-def state() -> RuntimeState:
-    return _state
-
-
-def is_ray_mode() -> bool:
-    return _state.mode == "ray"
-
-
-def under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def seed_everything(seed: int) -> None:
-    """The same seed on every rank before a model exists: identical init, reproducible runs."""
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def initialize(
@@ -104,6 +73,7 @@ def initialize(
     if call_timeout_s is not None and call_timeout_s <= 0:
         raise ValueError(f"call_timeout_s must be positive, got {call_timeout_s}")
     resources = {name: GroupResources(**values) for name, values in (groups or {}).items()}
+    current = state()
     if mode == "ray":
         if under_torchrun():
             raise ValueError(
@@ -123,23 +93,24 @@ def initialize(
                 object_store_memory=object_store_memory,
                 **ray_init_kwargs,
             )
-            _state.owns_ray = True
-    _state.mode = mode
-    _state.seed = seed
-    _state.call_timeout_s = call_timeout_s
-    _state.groups_resources = resources
+            current.owns_ray = True
+    current.mode = mode
+    current.seed = seed
+    current.call_timeout_s = call_timeout_s
+    current.groups_resources = resources
     if seed is not None:
         seed_everything(seed)
 
 
 def shutdown() -> None:
     """Stop every remote group (its actors and placement group) and return to local mode."""
-    for group in list(_state.groups.values()):
+    current = state()
+    for group in list(current.groups.values()):
         group.stop()
-    _state.groups.clear()
-    if _state.owns_ray:
+    current.groups.clear()
+    if current.owns_ray:
         import ray
 
         ray.shutdown()
-        _state.owns_ray = False
-    _state.mode = "local"
+        current.owns_ray = False
+    current.mode = "local"
