@@ -10,16 +10,19 @@ larger. To keep gradient magnitudes those of a mean loss, the backward pass divi
 token count of the window's first micro-batch; the optimizer step multiplies by
 first_count / window_count, which makes the gradient the token mean over the whole window and
 every rank.
+
+The wrapper owns the model, its strategy and the accumulation window; the optimizer, scheduler and
+grad scaler live in an `OptimizerBundle` (`optim.py`) and checkpoints are written and read by a
+`Checkpointer` (`checkpointer.py`). Their former attributes and methods here delegate to them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import torch
 import torch.distributed as dist
@@ -31,8 +34,10 @@ from twinkle_core import checkpoint as ckpt
 from twinkle_core.hub import resolve_model_id
 from twinkle_core.mesh import DeviceMesh
 from twinkle_core.model import adapters, state_io
+from twinkle_core.model.checkpointer import Checkpointer, HFCheckpointer, looks_like_checkpoint
 from twinkle_core.model.distributed import DistInfo, all_reduce_, barrier, init_distributed
 from twinkle_core.model.loading import build_config, load_model, load_tokenizer, resolve_model_cls
+from twinkle_core.model.optim import OptimizerBundle, one_of
 from twinkle_core.model.precision import (
     autocast,
     check_fp8_layers,
@@ -45,7 +50,6 @@ from twinkle_core.model.strategies import Strategy, make_strategy
 logger = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
-_OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}
 _NON_MODEL_KEYS = frozenset({"labels", "num_tokens"})
 
 
@@ -80,7 +84,37 @@ def _finish_loss(window: _Window) -> None:
     window.global_loss = float(window.loss_tensor[0]) / max(float(window.global_tokens), 1.0)
 
 
+T = TypeVar("T")
+
+
+class _OptimAttribute(Generic[T]):
+    """`model.optimizer`, `.lr_scheduler`, `.grad_scaler`: the OptimizerBundle's attribute of the
+    same name, readable and assignable on the model as before the bundle existed.
+
+    A plain descriptor, not a `property`, on purpose: a RemoteHandle reads properties on every
+    rank (they may run collectives) but plain attributes from rank 0, as these always were."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> _OptimAttribute[T]: ...
+    @overload
+    def __get__(self, obj: TransformersModel, objtype: type | None = None) -> T: ...
+    def __get__(self, obj: TransformersModel | None, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return getattr(obj.optim, self.name)
+
+    def __set__(self, obj: TransformersModel, value: T) -> None:
+        setattr(obj.optim, self.name, value)
+
+
 class TransformersModel:
+    optimizer: _OptimAttribute[torch.optim.Optimizer | None] = _OptimAttribute()
+    lr_scheduler: _OptimAttribute[Any] = _OptimAttribute()
+    grad_scaler: _OptimAttribute[torch.amp.GradScaler | None] = _OptimAttribute()
+
     def __init__(
         self,
         model_cls: Any = AutoModelForCausalLM,
@@ -113,8 +147,8 @@ class TransformersModel:
         self.strategy: Strategy = make_strategy(
             strategy, device_mesh, self.info, mixed_precision, ddp_config, fsdp_config, memory_efficient_init
         )
-        self.grad_scaler = make_grad_scaler(
-            mixed_precision, grad_scaler_config, self.info.device, self.strategy.sharded
+        self.optim = OptimizerBundle(
+            make_grad_scaler(mixed_precision, grad_scaler_config, self.info.device, self.strategy.sharded)
         )
         self.model_cls = resolve_model_cls(model_cls)
         self.model_dir = self._resolve_model_dir(model_id)
@@ -127,11 +161,10 @@ class TransformersModel:
         self._wrapped: nn.Module | None = None
         self.adapter_names: list[str] = []
         self.train_adapter: str | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.lr_scheduler: Any = None
         self.cur_step = 0
         self.gradient_accumulation_steps = 1
         self._window = _Window()
+        self.checkpointer: Checkpointer = HFCheckpointer()
 
     # ----------------------------------------------------------------- construction helpers
     def _resolve_model_dir(self, model_id: str | None) -> Path | None:
@@ -145,7 +178,7 @@ class TransformersModel:
         barrier()
         if self.info.local_rank != 0:
             path = resolve_model_id(model_id)
-        if _looks_like_checkpoint(path) and not ckpt.is_complete(path):
+        if looks_like_checkpoint(path) and not ckpt.is_complete(path):
             raise ValueError(
                 f"model_id {model_id}: an incomplete checkpoint (no {ckpt.COMPLETE_MARKER} marker, or a "
                 "temporary .tmp-/.old- directory) is never loaded"
@@ -214,16 +247,9 @@ class TransformersModel:
         """A `torch.optim` class or its name (default 'adamw'); `kwargs` go to its constructor.
 
         The optimizer is positional, or the keyword `optimizer_cls` as upstream twinkle names it."""
-        chosen = _one_of("optimizer", optimizer_cls_or_name, optimizer_cls, default="adamw")
+        chosen = one_of("optimizer", optimizer_cls_or_name, optimizer_cls, default="adamw")
         self._check_adapter(adapter_name)
-        resolved = _resolve_optimizer(chosen)
-        params = [p for p in self.wrapped.parameters() if p.requires_grad]
-        if not params:
-            raise ValueError("the model has no trainable parameters")
-        try:
-            self.optimizer = resolved(params, **kwargs)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"optimizer arguments: {exc}") from exc
+        self.optim.set_optimizer(chosen, self._trainable, **kwargs)
 
     def set_lr_scheduler(
         self,
@@ -236,23 +262,9 @@ class TransformersModel:
         """A transformers schedule name (`linear`, `cosine`, ..., keyword arguments of
         `transformers.get_scheduler`) or a torch LRScheduler class (its own keywords); default
         'constant'. Positional, or the keyword `scheduler_cls` as upstream twinkle names it."""
-        chosen = _one_of("scheduler", scheduler_cls_or_name, scheduler_cls, default="constant")
+        chosen = one_of("scheduler", scheduler_cls_or_name, scheduler_cls, default="constant")
         self._check_adapter(adapter_name)
-        if self.optimizer is None:
-            raise ValueError("set_optimizer must come before set_lr_scheduler")
-        try:
-            if isinstance(chosen, str):
-                from transformers import get_scheduler
-                from transformers.trainer_utils import SchedulerType
-
-                names = {s.value for s in SchedulerType}
-                if chosen not in names:
-                    raise ValueError(f"unknown scheduler {chosen!r} (known: {sorted(names)})")
-                self.lr_scheduler = get_scheduler(chosen, optimizer=self.optimizer, **kwargs)
-            else:
-                self.lr_scheduler = chosen(self.optimizer, **kwargs)
-        except TypeError as exc:
-            raise ValueError(f"lr scheduler arguments: {exc}") from exc
+        self.optim.set_lr_scheduler(chosen, **kwargs)
 
     def set_gradient_accumulation_steps(self, steps: int) -> None:
         """Announce N up front, so the first window also skips gradient sync before its last micro-batch."""
@@ -333,8 +345,7 @@ class TransformersModel:
                 window.scale_tokens = max(float(count.item()), 1.0)
             # DDP / FSDP average gradients over the ranks; multiplying by world size makes it a sum.
             scaled = loss_sum * (self.info.world_size / window.scale_tokens)
-            if self.grad_scaler is not None:
-                scaled = self.grad_scaler.scale(scaled)
+            scaled = self.optim.scale(scaled)
             scaled.backward()
         window.micro_batches += 1
         window.loss_sum += float(loss_sum.detach())
@@ -350,8 +361,7 @@ class TransformersModel:
         window = self._window
         if window.reduced:
             return
-        if self.optimizer is None:
-            raise ValueError("set_optimizer must come before stepping")
+        self.optim.require_optimizer()
         if window.micro_batches == 1:
             # One micro-batch: its global token count is already known (the backward divisor), so
             # the gradients need no rescaling and the loss for reporting is reduced in the
@@ -367,8 +377,7 @@ class TransformersModel:
             total_tokens = max(float(totals[1]), 1.0)
             window.global_loss = float(totals[0]) / total_tokens
         window.global_tokens = int(total_tokens)
-        if self.grad_scaler is not None:
-            self.grad_scaler.unscale_(self.optimizer)
+        self.optim.unscale_()
         factor = window.scale_tokens / max(total_tokens, 1.0)
         if factor != 1.0:
             for param in self._trainable():
@@ -396,19 +405,11 @@ class TransformersModel:
     def step(self) -> None:
         """Optimizer step (through the grad scaler under fp16), then the scheduler; ends the window."""
         self._reduce_window()
-        assert self.optimizer is not None
-        if self.grad_scaler is not None:
-            self.grad_scaler.step(self.optimizer)
-            self.grad_scaler.update()
-        else:
-            self.optimizer.step()
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
+        self.optim.step()
         self.cur_step += 1
 
     def zero_grad(self) -> None:
-        if self.optimizer is not None:
-            self.optimizer.zero_grad(set_to_none=True)
+        self.optim.zero_grad()
         self._window = _Window()
 
     def clip_grad_and_step(
@@ -447,9 +448,7 @@ class TransformersModel:
         return self._window.micro_batches
 
     def current_lr(self) -> float:
-        if self.optimizer is None:
-            return 0.0
-        return float(self.optimizer.param_groups[0]["lr"])
+        return self.optim.current_lr()
 
     # ------------------------------------------------------------------------ evaluation
     @torch.no_grad()
@@ -488,67 +487,16 @@ class TransformersModel:
         the `consumed_train_samples` of that boundary.
         """
         self._check_adapter(adapter_name)
-        if not name or "/" in name or name.startswith("."):
-            raise ValueError(f"checkpoint name {name!r} must be a plain directory name")
-        if save_optimizer and self.optimizer is None:
-            raise ValueError("save_optimizer=True needs set_optimizer first")
-        final = Path(output_dir) / name
-        temp = ckpt.temp_dir_for(final)
-        if self.info.is_main:
-            import shutil
-
-            shutil.rmtree(temp, ignore_errors=True)
-            temp.mkdir(parents=True)
-        barrier()
-        self._save_weights(temp)
-        if save_optimizer:
-            assert self.optimizer is not None
-            state_io.save_optimizer(self.wrapped, self.optimizer, temp / state_io.OPTIMIZER_DIR)
-            window = self._window
-            rng = window.rng if window.micro_batches > 0 and window.rng is not None else state_io.rng_state()
-            torch.save(rng, temp / state_io.rng_file(self.info.rank))
-            if self.info.is_main:
-                if self.lr_scheduler is not None:
-                    torch.save(self.lr_scheduler.state_dict(), temp / state_io.SCHEDULER_FILE)
-                if self.grad_scaler is not None:
-                    torch.save(self.grad_scaler.state_dict(), temp / state_io.SCALER_FILE)
-        barrier()
-        if self.info.is_main:
-            state = {
-                "format_version": ckpt.TRAINER_STATE_FORMAT_VERSION,
-                "cur_step": self.cur_step,
-                "consumed_train_samples": int(consumed_train_samples),
-                "gradient_accumulation_steps": self.gradient_accumulation_steps,
-                "world_size": self.info.world_size,
-                "seed": torch.initial_seed(),
-                "strategy": self.strategy.name,
-                "mixed_precision": self.mixed_precision,
-                "adapter_name": self.train_adapter,
-                "has_optimizer": save_optimizer,
-                **(trainer_state_extra or {}),
-            }
-            (temp / ckpt.TRAINER_STATE_FILE).write_text(json.dumps(state, indent=2))
-            ckpt.finalize(temp, final)
-        barrier()
-        return str(final)
-
-    def _save_weights(self, directory: Path) -> None:
-        full_state = state_io.full_model_state_dict(self.wrapped)
-        if not self.info.is_main:
-            return
-        if self.train_adapter is not None:
-            mapping = adapters.adapter_key_map(self.model, self.train_adapter)
-            adapters.save_adapter(
-                self.model, self.train_adapter, adapters.adapter_state(full_state, mapping), directory
-            )
-        else:
-            self._base_model().save_pretrained(str(directory), state_dict=full_state)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(str(directory))
-
-    def _base_model(self) -> Any:
-        get_base = getattr(self.model, "get_base_model", None)
-        return get_base() if get_base is not None else self.model
+        window = self._window
+        return self.checkpointer.save(
+            self,
+            name,
+            output_dir,
+            save_optimizer=save_optimizer,
+            consumed_train_samples=consumed_train_samples,
+            window_rng=window.rng if window.micro_batches > 0 else None,
+            trainer_state_extra=trainer_state_extra,
+        )
 
     def resume_from_checkpoint(
         self, checkpoint_dir: str | Path, resume_only_model: bool = False, adapter_name: str | None = None
@@ -557,126 +505,16 @@ class TransformersModel:
         scaler, RNG and step counters. Returns {'cur_step', 'consumed_train_samples',
         'gradient_accumulation_steps'}."""
         self._check_adapter(adapter_name)
-        path = Path(checkpoint_dir)
-        if not ckpt.is_complete(path):
-            raise ValueError(f"{path} is not a complete checkpoint (no {ckpt.COMPLETE_MARKER} marker)")
-        state = ckpt.read_trainer_state(path)
-        if not resume_only_model and state.get("world_size") != self.info.world_size:
-            raise ValueError(
-                f"checkpoint {path} was saved by {state.get('world_size')} ranks and this job has "
-                f"{self.info.world_size}: exact resume needs the same world size (per-rank RNG and data "
-                "order); use resume_only_model=True to start over from its weights"
-            )
-        self._load_weights(path)
-        progress = {
-            "cur_step": int(state["cur_step"]),
-            "consumed_train_samples": int(state["consumed_train_samples"]),
-            "gradient_accumulation_steps": int(state["gradient_accumulation_steps"]),
-        }
-        if resume_only_model:
-            return progress
-        if self.optimizer is None:
-            raise ValueError("set_optimizer (and set_lr_scheduler) must come before resume_from_checkpoint")
-        if not state.get("has_optimizer") or not (path / state_io.OPTIMIZER_DIR).is_dir():
-            raise ValueError(f"checkpoint {path} has no optimizer state (saved with save_optimizer=False)")
-        if progress["cur_step"] > 0:
-            # Before the first optimizer step (a stop inside the first window) the saved state is
-            # empty, which is what a fresh optimizer already holds; DCP has no keys to load then.
-            state_io.load_optimizer(self.wrapped, self.optimizer, path / state_io.OPTIMIZER_DIR)
-        if self.lr_scheduler is not None:
-            scheduler_file = path / state_io.SCHEDULER_FILE
-            if not scheduler_file.is_file():
-                raise ValueError(f"checkpoint {path} has no scheduler state but a scheduler is set")
-            self.lr_scheduler.load_state_dict(torch.load(scheduler_file, weights_only=False))
-        if self.grad_scaler is not None:
-            scaler_file = path / state_io.SCALER_FILE
-            if not scaler_file.is_file():
-                # Resuming fp16 with a fresh scale would change the loss scaling (and which steps
-                # are skipped) from this step on: not an exact resume.
-                raise ValueError(
-                    f"checkpoint {path} has no {state_io.SCALER_FILE} (saved with mixed_precision="
-                    f"{state.get('mixed_precision')!r}); resuming mixed_precision='fp16' exactly needs the "
-                    "gradient scaler's state"
-                )
-            self.grad_scaler.load_state_dict(torch.load(scaler_file, weights_only=False))
-        state_io.set_rng_state(torch.load(path / state_io.rng_file(self.info.rank), weights_only=False))
-        self.cur_step = progress["cur_step"]
-        self.gradient_accumulation_steps = progress["gradient_accumulation_steps"]
-        self._window = _Window()
+        progress = self.checkpointer.resume(self, checkpoint_dir, resume_only_model=resume_only_model)
+        if not resume_only_model:
+            self.cur_step = progress["cur_step"]
+            self.gradient_accumulation_steps = progress["gradient_accumulation_steps"]
+            self._window = _Window()
         return progress
-
-    def _load_weights(self, path: Path) -> None:
-        wrapped = self.wrapped
-        if (path / state_io.ADAPTER_WEIGHTS).is_file():
-            if self.train_adapter is None:
-                raise ValueError(f"{path} holds a LoRA adapter: add_adapter_to_model before resuming")
-            from safetensors.torch import load_file
-
-            saved = load_file(str(path / state_io.ADAPTER_WEIGHTS))
-            mapping = adapters.adapter_key_map(self.model, self.train_adapter)
-            if set(saved) != set(mapping):
-                raise ValueError(f"{path}: the adapter's weights do not match adapter {self.train_adapter!r}")
-            state = {mapping[k]: v for k, v in saved.items()}
-            state_io.load_full_model_state_dict(wrapped, state, strict=False)
-            return
-        if self.train_adapter is not None:
-            raise ValueError(
-                f"{path} holds full weights but this model trains adapter {self.train_adapter!r}"
-            )
-        state = state_io.read_safetensors_dir(path)
-        state_io.load_full_model_state_dict(wrapped, state, strict=not self.config.tie_word_embeddings)
 
     # ---------------------------------------------------------------------------- export
     def export(self, output_dir: str | Path, merged: bool = False, adapter_name: str | None = None) -> str:
         """Plain HF files: the full model, the LoRA adapter alone, or (merged=True) base + adapter
         folded into ordinary weights. Every rank must call it; rank 0 writes."""
         self._check_adapter(adapter_name)
-        directory = Path(output_dir)
-        full_state = state_io.full_model_state_dict(self.wrapped)
-        if self.info.is_main:
-            directory.mkdir(parents=True, exist_ok=True)
-            if self.train_adapter is None:
-                self._base_model().save_pretrained(str(directory), state_dict=full_state)
-            elif merged:
-                weights = adapters.merged_state(full_state, self.model, self.train_adapter)
-                self._base_model().save_pretrained(str(directory), state_dict=weights)
-            else:
-                mapping = adapters.adapter_key_map(self.model, self.train_adapter)
-                adapters.save_adapter(
-                    self.model, self.train_adapter, adapters.adapter_state(full_state, mapping), directory
-                )
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(str(directory))
-        barrier()
-        return str(directory)
-
-
-def _looks_like_checkpoint(path: Path) -> bool:
-    """A directory written by `save` (complete or not): a temporary name or training-state files."""
-    if path.name.startswith((".tmp-", ".old-")):
-        return True
-    markers = (ckpt.TRAINER_STATE_FILE, state_io.OPTIMIZER_DIR, state_io.SCHEDULER_FILE, state_io.SCALER_FILE)
-    return any((path / name).exists() for name in markers) or any(path.glob("rng_state_*.pth"))
-
-
-def _one_of(what: str, positional: Any, keyword: Any, default: str) -> Any:
-    """The class or name given positionally or as `<what>_cls=`; both at once is ambiguous."""
-    if positional is not None and keyword is not None:
-        raise ValueError(
-            f"{what}: pass the class or name once, positionally or as {what}_cls=, not both "
-            f"(got {positional!r} and {what}_cls={keyword!r})"
-        )
-    chosen = keyword if keyword is not None else positional
-    return default if chosen is None else chosen
-
-
-def _resolve_optimizer(optimizer: Any) -> Any:
-    if isinstance(optimizer, str):
-        name = _OPTIMIZERS.get(optimizer.lower(), optimizer)
-        resolved = getattr(torch.optim, name, None)
-        if not isinstance(resolved, type) or not issubclass(resolved, torch.optim.Optimizer):
-            raise ValueError(f"optimizer {optimizer!r} is not a torch.optim optimizer")
-        return resolved
-    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
-        return optimizer
-    raise ValueError(f"optimizer must be a torch.optim.Optimizer class or its name, got {optimizer!r}")
+        return self.checkpointer.export(self, output_dir, merged=merged)
