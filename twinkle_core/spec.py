@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-MixedPrecision = Literal["no", "fp8", "fp16", "bf16"]
-Strategy = Literal["accelerate", "native_fsdp"]
+from twinkle_core.options import MixedPrecision, Strategy, check_precision_for_strategy
+
 DataFormat = Literal["auto", "chat", "prompt_completion", "text"]
 Launcher = Literal["torchrun", "ray"]
 
@@ -61,6 +61,13 @@ class ModelSection(_Section):
         default_factory=dict, description="Extra keyword arguments for from_pretrained / from_config"
     )
     tokenizer_id: str | None = Field(default=None, description="Tokenizer location; default: model_id")
+
+    @field_validator("strategy")
+    @classmethod
+    def _strategy_runs_the_precision(cls, value: str, info: ValidationInfo) -> str:
+        # One rule for the API, `jobs validate` and the library (twinkle_core.options).
+        check_precision_for_strategy(info.data.get("mixed_precision", "bf16"), value)
+        return value
 
     @model_validator(mode="after")
     def _model_or_config(self) -> ModelSection:

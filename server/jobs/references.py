@@ -68,8 +68,6 @@ FORBIDDEN_CONFIG_KEYS = frozenset(
         "code_revision",
     }
 )
-# Precisions each strategy can run; FSDP2's MixedPrecisionPolicy has no fp8.
-PRECISIONS_BY_STRATEGY = {"accelerate": {"no", "fp8", "fp16", "bf16"}, "native_fsdp": {"no", "fp16", "bf16"}}
 
 
 def check_reference(
@@ -149,13 +147,6 @@ def check_spec(
         raise InvalidRequest(
             f"{prefix}.model.model_cls must be a transformers class name, got '{model.model_cls}'",
             param=f"{prefix}.model.model_cls",
-        )
-    allowed = PRECISIONS_BY_STRATEGY[model.strategy]
-    if model.mixed_precision not in allowed:
-        raise InvalidRequest(
-            f"{prefix}.model.mixed_precision '{model.mixed_precision}' is not supported by the "
-            f"'{model.strategy}' strategy (supported: {', '.join(sorted(allowed))})",
-            param=f"{prefix}.model.mixed_precision",
         )
     check_model_kwargs(model.kwargs, f"{prefix}.model.kwargs")
     check_config_keys(model.config or {}, f"{prefix}.model.config")

@@ -26,10 +26,15 @@ from server.openai_compat.schemas import (
     Hyperparameters,
     ResolvedHyperparameters,
 )
+from twinkle_core.spec import OptimizerSection, TrainingSection
 
-BASE_LEARNING_RATE = 1e-5
+# "auto" means JobSpec's own default, so the two APIs cannot drift apart: the learning rate that
+# learning_rate_multiplier=1 stands for, and the global batch size.
+BASE_LEARNING_RATE: float = OptimizerSection.model_fields["lr"].default
+AUTO_BATCH_SIZE: int = TrainingSection.model_fields["batch_size"].default
+# Except for epochs: OpenAI's "auto" trains several epochs (it picks by data size; 3 is its usual
+# choice), where a JobSpec that says nothing trains one. Documented in docs/openai-compat.md.
 AUTO_EPOCHS = 3
-AUTO_BATCH_SIZE = 8
 EVENT_ID_PREFIX = "ftevent-"
 
 # Our statuses have more detail than OpenAI's; each maps to the state a client would act on.

@@ -182,7 +182,7 @@ def test_another_projects_file_id_is_refused(api: Api) -> None:
     [
         (
             lambda s: s["model"].update(strategy="native_fsdp", mixed_precision="fp8"),
-            "spec.model.mixed_precision",
+            "spec.model.strategy",
         ),
         (
             lambda s: s["model"].update(kwargs={"trust_remote_code": True}),

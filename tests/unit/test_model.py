@@ -508,3 +508,12 @@ def test_incomplete_or_temporary_checkpoints_are_never_loaded(tiny_model_dir: Pa
         with pytest.raises(ValueError, match="incomplete checkpoint"):
             _model(directory)
     assert _model(path).model_dir == path  # the complete one loads
+
+
+def test_the_library_refuses_what_the_job_spec_refuses() -> None:
+    # One rule (twinkle_core.options) for JobSpec and TransformersModel's strategies.
+    mesh = MeshClass(dp_size=1, fsdp_size=2)
+    with pytest.raises(
+        ValueError, match="mixed_precision 'fp8' is not supported by the 'native_fsdp' strategy"
+    ):
+        make_strategy("native_fsdp", mesh, _info(), "fp8", None, None, False)

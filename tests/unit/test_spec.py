@@ -109,3 +109,30 @@ def test_the_launcher_is_torchrun_or_ray_and_ray_runs_one_node() -> None:
     with pytest.raises(ValidationError, match="launcher 'ray' runs a job on one Ray node") as multi:
         JobSpec.model_validate({**MINIMAL, "resources": {"nnodes": 2, "launcher": "ray"}})
     assert error_locs(multi.value) == ["resources.launcher"]
+
+
+def test_precision_by_strategy_is_one_rule_for_spec_and_library() -> None:
+    # The API, `jobs validate` (both JobSpec) and TransformersModel read twinkle_core.options.
+    from twinkle_core.options import PRECISIONS_BY_STRATEGY, check_precision_for_strategy
+
+    base = {"model": {"model_id": "org/m"}, "data": {"train_file": "file-1"}}
+    for strategy, allowed in PRECISIONS_BY_STRATEGY.items():
+        for precision in ("no", "fp8", "fp16", "bf16"):
+            spec = {
+                **base,
+                "model": {"model_id": "org/m", "strategy": strategy, "mixed_precision": precision},
+            }
+            if precision in allowed:
+                JobSpec.model_validate(spec)
+                check_precision_for_strategy(precision, strategy)
+                continue
+            with pytest.raises(ValidationError) as excinfo:
+                JobSpec.model_validate(spec)
+            error = excinfo.value.errors()[0]
+            assert error["loc"] == ("model", "strategy")
+            assert (
+                f"mixed_precision '{precision}' is not supported by the '{strategy}' strategy" in error["msg"]
+            )
+            with pytest.raises(ValueError, match="is not supported by the"):
+                check_precision_for_strategy(precision, strategy)
+    assert "fp8" not in PRECISIONS_BY_STRATEGY["native_fsdp"]

@@ -9,7 +9,9 @@ from typing import Any
 
 import torch
 
-PRECISIONS = ("no", "fp16", "bf16", "fp8")
+from twinkle_core.options import MIXED_PRECISIONS
+
+PRECISIONS = MIXED_PRECISIONS
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 
 

@@ -20,6 +20,7 @@ from torch import nn
 from twinkle_core.mesh import DeviceMesh
 from twinkle_core.model.distributed import DistInfo
 from twinkle_core.model.precision import compute_dtype
+from twinkle_core.options import PRECISIONS_BY_STRATEGY, check_precision_for_strategy
 
 logger = logging.getLogger(__name__)
 
@@ -295,6 +296,9 @@ def make_strategy(
         dict(fsdp_config or {}),
         memory_efficient_init,
     )
+    if strategy in PRECISIONS_BY_STRATEGY:
+        # The same rule as the job spec's (twinkle_core.options): what the API refuses, so does this.
+        check_precision_for_strategy(mixed_precision, strategy)
     if strategy == "accelerate":
         built = accelerate_strategy(*args)
     elif strategy == "native_fsdp":
