@@ -19,8 +19,9 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from jobcore.settings import Settings
+from server.auth.principal import Principal
 from server.auth.ratelimit import TokenBuckets
-from server.auth.service import Principal, authenticate, cached_principal
+from server.auth.service import authenticate, cached_principal
 from server.errors import Forbidden, RateLimited, Unauthorized
 
 log = logging.getLogger(__name__)

@@ -24,12 +24,11 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from sqlalchemy import Engine
 
-if TYPE_CHECKING:
-    from server.auth.service import Principal
+from server.auth.principal import Principal
 
 TTL_SECONDS = 5.0
 MAX_ENTRIES = 10_000

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
 from datetime import timedelta
 
 from sqlalchemy import Engine, event
@@ -19,6 +18,7 @@ from sqlalchemy.orm import Session
 from jobcore.db.models import ApiToken, Project, utcnow
 from server.auth import repository
 from server.auth.cache import TtlCache, cache_for
+from server.auth.principal import Principal
 
 SCOPES = ("read", "write", "admin")
 # A scope grants itself and every weaker one: an admin token can also read and write.
@@ -31,20 +31,6 @@ TOKEN_PREFIX = "tj_"
 DEFAULT_PROJECT = "default"
 # Writing last_used_at on every request would turn every read into a write; a minute is enough.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
-
-
-@dataclass(frozen=True)
-class Principal:
-    """Who is calling: the token and the project every object they touch must belong to."""
-
-    token_id: str
-    project_id: str
-    project_name: str
-    scopes: frozenset[str]
-    rate_limit_per_minute: int | None
-
-    def has(self, scope: str) -> bool:
-        return scope in self.scopes
 
 
 def hash_token(plain: str) -> str:

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from jobcore.db.models import Job, JobEvent, WorkerNode
 from jobcore.jobs.states import ACTIVE, JobStatus
 from jobcore.settings import Settings
-from server.auth.service import Principal
+from server.auth.principal import Principal
 
 
 def list_workers(session: Session, principal: Principal) -> list[dict[str, object]]:

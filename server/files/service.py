@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from jobcore.db.models import File, new_id
 from jobcore.jobs.states import LIVE
 from jobcore.settings import Settings
-from server.auth.service import Principal
+from server.auth.principal import Principal
 from server.common.pagination import split_page
 from server.deps import after_commit, after_rollback
 from server.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge

@@ -16,7 +16,8 @@ from test_api_support import Api
 
 from jobcore.db.models import ApiToken, Checkpoint, Job, utcnow
 from server.auth.cache import TTL_SECONDS, TtlCache, cache_for
-from server.auth.service import Principal, hash_token, list_tokens, revoke_token
+from server.auth.principal import Principal
+from server.auth.service import hash_token, list_tokens, revoke_token
 
 
 def _cache(api: Api) -> TtlCache[Principal]:
