@@ -18,29 +18,49 @@ def _default_data_dir() -> Path:
     return Path.home() / ".twinkle-jobs"
 
 
-class Settings(BaseSettings):
+class _Environment(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TWINKLE_", extra="ignore")
+
+
+class SharedSettings(_Environment):
+    """Read by the server and the worker alike: where the record, the broker and the files are."""
 
     data_dir: Path = Field(default_factory=_default_data_dir)
     database_url: str | None = Field(default=None, description="Default: SQLite in the data dir")
     broker_url: str | None = Field(default=None, description="Default: an embedded SQLite broker")
+    artifact_url: str | None = Field(
+        default=None, description="Where checkpoints are stored: unset = the data dir; s3://bucket/prefix"
+    )
+    s3_endpoint_url: str | None = Field(
+        default=None, description="S3-compatible endpoint (MinIO, Ceph, ...); default: AWS"
+    )
+    stale_after_seconds: float = Field(default=30.0, gt=0, description="Heartbeat age that marks a job lost")
+
+
+class ServerSettings(_Environment):
+    """Read by the API server: first-use credentials and what a request may send or name."""
+
     bootstrap_token: str | None = Field(default=None, description="Admin token registered at start")
     allowed_roots: str | None = Field(
         default=None, description="Colon-separated directories a spec may name; default: the data dir"
     )
-    worker_host: str = Field(default_factory=socket.gethostname)
-    worker_gpus: str | None = Field(
-        default=None, description="Comma-separated GPU ids a worker may lease; default: the GPUs it sees"
-    )
-    worker_slots: int = Field(default=1, ge=1, description="Jobs a GPU-less worker runs at once")
     max_upload_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
     max_request_bytes: int = Field(
         default=1024 * 1024,
         ge=1024,
         description="Largest body of any request but an upload (JSON); larger ones get 413 unread",
     )
+
+
+class WorkerSettings(_Environment):
+    """Read by a worker: its host, its GPUs, how it runs and supervises the runner."""
+
+    worker_host: str = Field(default_factory=socket.gethostname)
+    worker_gpus: str | None = Field(
+        default=None, description="Comma-separated GPU ids a worker may lease; default: the GPUs it sees"
+    )
+    worker_slots: int = Field(default=1, ge=1, description="Jobs a GPU-less worker runs at once")
     heartbeat_seconds: float = Field(default=2.0, gt=0)
-    stale_after_seconds: float = Field(default=30.0, gt=0, description="Heartbeat age that marks a job lost")
     hang_timeout_seconds: float = Field(default=1800.0, gt=0, description="No progress for this long = hung")
     cancel_grace_seconds: float = Field(default=10.0, gt=0)
     torchrun: str = Field(default="torchrun", description="The torchrun executable")
@@ -51,17 +71,16 @@ class Settings(BaseSettings):
     gang_timeout_seconds: float = Field(
         default=300.0, gt=0, description="How long a multi-node job waits for all its nodes to join"
     )
-    artifact_url: str | None = Field(
-        default=None, description="Where checkpoints are stored: unset = the data dir; s3://bucket/prefix"
-    )
-    s3_endpoint_url: str | None = Field(
-        default=None, description="S3-compatible endpoint (MinIO, Ceph, ...); default: AWS"
-    )
     ray_address: str | None = Field(
         default=None,
         description="A Ray cluster's job API (the dashboard, http://head:8265): this worker then also "
         "runs resources.launcher='ray' jobs, as Ray jobs there; unset: it never claims them",
     )
+
+
+class Settings(SharedSettings, ServerSettings, WorkerSettings):
+    """Every TWINKLE_* setting, parsed once per process. The sections above say who reads which;
+    one process (`twinkle-jobs up`) may be both server and worker, so they share one object."""
 
     @field_validator("data_dir")
     @classmethod
