@@ -23,19 +23,41 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+# Where each top-level package lives (the client is its own distribution in client/).
+PACKAGE_DIRS = {"twinkle_client": ROOT / "client" / "twinkle_client"}
+SERVICE = [
+    "twinkle",
+    "twinkle_core",
+    "jobcore",
+    "server",
+    "worker",
+    "twinkle_cli",
+    "twinkle_client",
+    "migrations",
+]
+# Who may import whom (docs/architecture.md): a top-level package may import only those listed.
+ALLOWED_IMPORTS = {
+    "twinkle_core": set(),
+    "twinkle": {"twinkle_core"},
+    "twinkle_client": set(),
+    "jobcore": {"twinkle_core", "migrations"},
+    "migrations": {"jobcore"},
+    "server": {"jobcore", "twinkle_core"},
+    "worker": {"jobcore", "twinkle_core"},
+    "twinkle_cli": {"jobcore", "server", "worker", "twinkle_client", "twinkle_core"},
+}
 
 
 def collect_modules(roots: list[str]) -> dict[str, Path]:
     """Every module below the root packages, by dotted name."""
     modules: dict[str, Path] = {}
     for root in roots:
-        for path in sorted((ROOT / root).rglob("*.py")):
-            modules[module_name(path)] = path
+        directory = PACKAGE_DIRS.get(root, ROOT / root)
+        for path in sorted(directory.rglob("*.py")):
+            parts = list(path.relative_to(directory).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join([root, *parts])] = path
     return modules
 
 
@@ -104,12 +126,33 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("roots", [["twinkle_core"]], ids=lambda roots: "+".join(roots))
+@pytest.mark.parametrize("roots", [["twinkle_core"], SERVICE], ids=lambda roots: "+".join(roots))
 def test_no_import_cycles(roots: list[str]) -> None:
     graph = import_graph(roots)
     assert len(graph) > 1, f"no modules found under {roots}"
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def wall_crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from one top-level package into another that ALLOWED_IMPORTS does not list."""
+    return sorted(
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        for target in targets
+        if (a := source.split(".")[0]) != (b := target.split(".")[0]) and b not in ALLOWED_IMPORTS[a]
+    )
+
+
+def test_each_package_imports_only_what_the_architecture_allows() -> None:
+    # server and worker never import each other; the library imports nothing of the service.
+    crossings = wall_crossings(import_graph(SERVICE))
+    assert not crossings, "imports across the walls: " + ", ".join(crossings)
+    # ... and the check sees one: a worker module importing the server (or the reverse).
+    assert wall_crossings({"worker.x": {"server.app"}, "server.y": {"worker.z", "jobcore.db"}}) == [
+        "server.y -> worker.z",
+        "worker.x -> server.app",
+    ]
 
 
 def test_the_graph_sees_function_level_and_submodule_imports(tmp_path: Path) -> None:
