@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from jobcore.settings import Settings
+from twinkle_core.checkpoint import COMPLETE_MARKER
 
-COMPLETE_MARKER = "COMPLETE"
 S3_SCHEME = "s3://"
 
 

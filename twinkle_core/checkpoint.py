@@ -82,8 +82,16 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def step_of(path: Path) -> int | None:
-    match = _STEP_DIR.match(path.name)
+def step_dir(checkpoint_root: str | Path, step: int) -> Path:
+    """Where the checkpoint of optimizer step `step` lives: `<checkpoint_root>/step-<step>`."""
+    return Path(checkpoint_root) / f"step-{step}"
+
+
+def step_of(path: str | Path | None) -> int | None:
+    """N of a `step-N` checkpoint directory (None for another name, or no path)."""
+    if path is None:
+        return None
+    match = _STEP_DIR.match(Path(path).name)
     return int(match.group(1)) if match else None
 
 

@@ -25,7 +25,11 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from twinkle_core.progress import ProgressWriter
+    from twinkle_core.spec import JobSpec
 
 EXIT_OK = 0
 EXIT_INFRA = 1
@@ -82,13 +86,22 @@ class _Tracking:
 
 
 class JobRunner:
-    def __init__(self, spec: Any, job_dir: Path, progress: Any, stop: StopRequest, resume_from: Path | None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        job_dir: Path,
+        progress: ProgressWriter,
+        stop: StopRequest,
+        resume_from: Path | None,
+    ) -> None:
         self.spec = spec
         self.job_dir = job_dir
         self.progress = progress
         self.stop = stop
         self.resume_from = resume_from
-        self.checkpoint_root = job_dir / "checkpoints"
+        from twinkle_core.checkpoint import CHECKPOINTS_DIR
+
+        self.checkpoint_root = job_dir / CHECKPOINTS_DIR
         self.first_step_done = False
         self.tracking = _Tracking()
 
@@ -360,7 +373,7 @@ class JobRunner:
 
         model, tracking = self.model, self.tracking
         step = model.cur_step
-        final = self.checkpoint_root / f"step-{step}"
+        final = ckpt.step_dir(self.checkpoint_root, step)
         if tracking.last_saved_step == step and ckpt.is_complete(final):
             return str(final)
         evaluated_now = tracking.last_eval_step == step

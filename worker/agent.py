@@ -18,10 +18,10 @@ from sqlalchemy.orm import Session
 
 from jobcore.db.models import WorkerNode, utcnow
 from jobcore.db.session import session_scope
+from jobcore.jobs.spec import resources_of
 from jobcore.settings import Settings
 from worker import gang, reconciler, retention, webhooks
-from worker.attempt import launcher_of
-from worker.claim import claim_next_job, nproc_of
+from worker.claim import claim_next_job
 from worker.gang_node import NodeSupervisor
 from worker.gpus import GpuLedger, discover_gpus
 from worker.launch import DEFAULT_RUNNER
@@ -120,14 +120,14 @@ class WorkerAgent:
             job = claim_next_job(session, self.worker_id, self.ledger.fits, self.launchers)
             if job is None:
                 return None
-            nproc = nproc_of(job.spec)
-            nnodes = gang.nnodes_of(job.spec)
+            resources = resources_of(job.spec)
+            nproc, nnodes = resources.nproc_per_node, resources.nnodes
             if nnodes > 1:
                 gang.lead(session, job, self.worker_id, self.host, self.settings.rendezvous_address)
             lease = self.ledger.acquire(job.id, nproc)
             assert lease is not None, "claim_next_job only returns jobs that fit"
             assignment = Assignment(
-                job.id, job.attempt, self.worker_id, lease.gpu_ids, nproc, nnodes, launcher_of(job.spec)
+                job.id, job.attempt, self.worker_id, lease.gpu_ids, nproc, nnodes, resources.launcher
             )
             sup = Supervisor(self.settings, assignment, self.runner, self._on_supervisor_exit)
             self.supervisors[job.id] = sup
@@ -139,7 +139,8 @@ class WorkerAgent:
         if joined is None:
             return None
         job, member = joined
-        nproc = nproc_of(job.spec)
+        resources = resources_of(job.spec)
+        nproc = resources.nproc_per_node
         lease = self.ledger.acquire(job.id, nproc)
         assert lease is not None, "join_forming_gang only joins jobs that fit"
         gang.update_member(session, member.id, gpu_ids=lease.gpu_ids or None)
@@ -149,7 +150,7 @@ class WorkerAgent:
             job.attempt,
             member.id,
             member.node_rank,
-            gang.nnodes_of(job.spec),
+            resources.nnodes,
             lease.gpu_ids,
             nproc,
             self.runner,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from worker.process_tree import ProcessTree, kill_all
 
@@ -57,12 +57,6 @@ class RunningAttempt(Protocol):
     def reap(self) -> None:
         """After it exited: end any process that outlived it."""
         ...
-
-
-def launcher_of(spec: dict[str, Any] | None) -> str:
-    """The stored spec's `resources.launcher` (specs from before the field existed: torchrun)."""
-    resources = (spec or {}).get("resources") or {}
-    return str(resources.get("launcher") or "torchrun")
 
 
 class TorchrunAttempt:

@@ -1,63 +1,24 @@
-"""Checkpoints on disk: find the latest complete one, measure and prune them (save_total_limit).
+"""Checkpoints as the worker keeps them: measure and prune them (save_total_limit) in SQL and on
+disk or object storage.
 
-A checkpoint directory `<job_dir>/checkpoints/step-N` counts only once its `COMPLETE` marker
-exists (the runner writes it last), so a run killed while saving never resumes from half a
-checkpoint.
+The layout itself (`<job_dir>/checkpoints/step-N`, the `COMPLETE` marker written last, the latest
+complete one) is twinkle_core.checkpoint's, the runner's own code: the worker never reads it
+another way.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jobcore.db.models import Checkpoint
-from jobcore.storage import S3Store, is_remote
-from twinkle_core.checkpoint import retained
-
-COMPLETE_MARKER = "COMPLETE"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-def save_total_limit_of(spec: dict[str, Any] | None) -> int | None:
-    """The job's `training.save_total_limit` (the runner's default, 3, when unset)."""
-    training = (spec or {}).get("training") or {}
-    limit = training.get("save_total_limit", 3)
-    return None if limit is None else int(limit)
-
-
-def checkpoints_dir(job_dir: Path) -> Path:
-    return job_dir / "checkpoints"
-
-
-def complete_checkpoints(job_dir: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint, oldest first."""
-    root = checkpoints_dir(job_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and (child / COMPLETE_MARKER).exists():
-            found.append((int(match.group(1)), child))
-    return sorted(found)
-
-
-def latest_complete_checkpoint(job_dir: Path) -> Path | None:
-    done = complete_checkpoints(job_dir)
-    return done[-1][1] if done else None
-
-
-def step_of(path: str | Path | None) -> int | None:
-    if path is None:
-        return None
-    match = _STEP_DIR.match(Path(path).name)
-    return int(match.group(1)) if match else None
+from jobcore.settings import Settings
+from jobcore.storage import S3Store, is_remote, store_for
+from twinkle_core.checkpoint import CHECKPOINTS_DIR, is_complete, retained
 
 
 def dir_size(path: Path) -> int:
@@ -101,6 +62,17 @@ def prune_checkpoints(session: Session, job_id: str, limit: int | None) -> list[
     return doomed
 
 
+def local_copy(location: str, job_dir: Path, store: S3Store | None, settings: Settings) -> Path:
+    """A checkpoint of object storage as `<job_dir>/checkpoints/step-N` on this host: downloaded
+    (marker last) unless a complete copy is already there. Node 0 and the other nodes of a gang
+    both resume through it."""
+    target = job_dir / CHECKPOINTS_DIR / location.rstrip("/").rsplit("/", 1)[-1]
+    if not is_complete(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (store or store_for(location, settings)).download(location, target)
+    return target
+
+
 def remove_dirs(paths: list[Path]) -> None:
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
@@ -111,5 +83,5 @@ def remove_stored_checkpoints(locations: list[str], job_dir: Path, store: S3Stor
     for location in locations:
         if store is not None:
             store.delete(location)
-        local_copy = checkpoints_dir(job_dir) / location.rstrip("/").rsplit("/", 1)[-1]
+        local_copy = job_dir / CHECKPOINTS_DIR / location.rstrip("/").rsplit("/", 1)[-1]
         shutil.rmtree(local_copy, ignore_errors=True)

@@ -9,7 +9,6 @@ finds nothing to claim and does nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -17,16 +16,11 @@ from sqlalchemy.orm import Session
 from jobcore.db.models import Job, Project, utcnow
 from jobcore.jobs.lifecycle import transition
 from jobcore.jobs.locks import lock_project
+from jobcore.jobs.spec import resources_of
 from jobcore.jobs.states import ACTIVE, InvalidTransition, JobStatus
-from worker.attempt import launcher_of
 
 # How many queued jobs one claim looks at; enough to step over a few that do not fit.
 CANDIDATES = 32
-
-
-def nproc_of(spec: dict[str, Any]) -> int:
-    resources = spec.get("resources") or {}
-    return int(resources.get("nproc_per_node") or 1)
 
 
 def claim_next_job(
@@ -50,7 +44,12 @@ def claim_next_job(
     postgres = session.get_bind().dialect.name == "postgresql"
     unavailable: set[str] = set()  # projects at their running limit, or being claimed from
     for job_id, spec, project_id in candidates:
-        if project_id in unavailable or launcher_of(spec) not in launchers or not fits(nproc_of(spec)):
+        resources = resources_of(spec)
+        if (
+            project_id in unavailable
+            or resources.launcher not in launchers
+            or not fits(resources.nproc_per_node)
+        ):
             continue
         if not _room_in_project(session, project_id):
             unavailable.add(project_id)

@@ -20,17 +20,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from jobcore.db.models import GangMember, Job, utcnow
+from jobcore.jobs.spec import resources_of
 from jobcore.jobs.states import JobStatus
-from worker.claim import CANDIDATES, nproc_of
+from worker.claim import CANDIDATES
 from worker.launch import free_port
 
 JOINED, LAUNCHING, EXITED, FAILED = "joined", "launching", "exited", "failed"
 LEFT = "left"  # the node's worker was stopped (deploy, SIGTERM): not the job's fault
-
-
-def nnodes_of(spec: dict[str, Any]) -> int:
-    resources = spec.get("resources") or {}
-    return int(resources.get("nnodes") or 1)
 
 
 def lead(session: Session, job: Job, worker_id: str, host: str, address: str) -> GangMember:
@@ -63,8 +59,9 @@ def join_forming_gang(
     ).all()
     postgres = session.get_bind().dialect.name == "postgresql"
     for job_id, spec, attempt in forming:
-        nnodes = nnodes_of(spec)
-        if nnodes <= 1 or not fits(nproc_of(spec)):
+        resources = resources_of(spec)
+        nnodes = resources.nnodes
+        if nnodes <= 1 or not fits(resources.nproc_per_node):
             continue
         lock = select(Job).where(
             Job.id == job_id, Job.status == JobStatus.STARTING.value, Job.attempt == attempt

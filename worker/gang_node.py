@@ -1,7 +1,10 @@
 """The supervisor of a node other than 0 of a multi-node job.
 
 It owns this host's torchrun (`--node-rank i`) and nothing of the job row: node 0's supervisor
-records progress, checkpoints and the outcome. This one heartbeats its `gang_members` row, marks
+records progress, checkpoints and the outcome. The attempt itself runs through the same protocol
+as any job's (`worker.attempt.start_attempt` and its `RunningAttempt`: start, process tree, pause
+signal, stop sequence, reaping), and its resume checkpoint comes through the same local copy
+(`worker.checkpoints.local_copy`). This one heartbeats its `gang_members` row, marks
 it `failed` when its torchrun dies (node 0 then fails the attempt on every node), and stops its
 process tree as soon as its row disappears or the job leaves the attempt it joined (node 0
 released the gang, the reconciler requeued the job, a user cancelled it).
@@ -11,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -24,11 +26,12 @@ from jobcore.db.models import Checkpoint, Job, utcnow
 from jobcore.db.session import session_scope
 from jobcore.jobs.states import ACTIVE, JobStatus
 from jobcore.settings import Settings
-from jobcore.storage import artifact_store, is_remote, store_for
+from jobcore.storage import artifact_store, is_remote
+from twinkle_core.checkpoint import CHECKPOINTS_DIR, is_complete, step_of
 from worker import gang
-from worker.checkpoints import COMPLETE_MARKER, checkpoints_dir, step_of
+from worker.attempt import AttemptTarget, RunningAttempt, start_attempt
+from worker.checkpoints import local_copy
 from worker.launch import AttemptPaths, Rendezvous, resolve_torchrun, runner_env, torchrun_argv
-from worker.process_tree import ProcessTree, kill_all
 from worker.spec_resolution import resolve_spec, write_spec
 
 log = logging.getLogger(__name__)
@@ -98,25 +101,18 @@ class NodeSupervisor:
             rendezvous,
         )
         self.paths.rank_logs.mkdir(parents=True, exist_ok=True)
-        with open(self.paths.log, "ab") as log_file:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=runner_env(self.job_id, self.job_dir, self.gpu_ids),
-                cwd=self.job_dir,
-                start_new_session=True,
-            )
+        # A gang's other nodes always run torchrun here (a Ray job has one node).
+        target = AttemptTarget(self.job_id, self.attempt, "torchrun", self.nproc_per_node, self.gpu_ids)
+        env = runner_env(self.job_id, self.job_dir, self.gpu_ids)
+        run = start_attempt(target, argv, env, self.job_dir, self.paths.log, ray_address=None)
         self._launched_at = utcnow()
-        tree = ProcessTree(proc.pid)
         try:
-            self._monitor(proc, tree)
+            self._monitor(run)
         finally:
-            if proc.poll() is None:
-                tree.terminate(self.settings.cancel_grace_seconds)
-            self.exit_code = proc.wait()
-            kill_all(tree.members.values())
+            if run.poll() is None:
+                run.terminate(self.settings.cancel_grace_seconds)
+            self.exit_code = run.wait()
+            run.reap()
         # A node that leaves because its worker stops is not the job's fault: node 0 requeues it
         # without charging a retry.
         ended = gang.EXITED if self.exit_code == 0 else gang.FAILED
@@ -156,29 +152,29 @@ class NodeSupervisor:
             gang.release_member(session, self.member_id)
         return None
 
-    def _monitor(self, proc: subprocess.Popen[bytes], tree: ProcessTree) -> None:
+    def _monitor(self, run: RunningAttempt) -> None:
         pause_sent = False
-        while proc.poll() is None:
-            tree.refresh()
+        while run.poll() is None:
+            run.refresh()
             with session_scope(self.db) as session:
                 still_member = gang.update_member(session, self.member_id, heartbeat_at=utcnow())
                 job = session.get(Job, self.job_id, populate_existing=True)
                 if not still_member or not self._same_attempt(job):
                     log.info("job %s node %d: the gang ended; stopping", self.job_id, self.node_rank)
-                    tree.terminate(self.settings.cancel_grace_seconds)
+                    run.terminate(self.settings.cancel_grace_seconds)
                     return
                 assert job is not None
                 runner_started = job.running_since is not None and job.running_since >= self._launched_at
                 if job.status == JobStatus.PAUSING and runner_started and not pause_sent:
                     # Every rank must reach the pause checkpoint together, not only node 0's. (Only
                     # once the runner started: SIGUSR1 before its handler is installed kills it.)
-                    pause_sent = tree.signal_ranks(signal.SIGUSR1) > 0
+                    pause_sent = run.signal_ranks(signal.SIGUSR1) > 0
             if self._shutdown.is_set():
                 # Say so before stopping: node 0's ranks fail as soon as ours are gone, and its
                 # supervisor must already see why.
                 with session_scope(self.db) as session:
                     gang.update_member(session, self.member_id, status=gang.LEFT)
-                tree.terminate(self.settings.cancel_grace_seconds)
+                run.terminate(self.settings.cancel_grace_seconds)
                 return
             time.sleep(CONTROL_SECONDS)
 
@@ -203,10 +199,11 @@ def local_resume_point(
     """
     if not resume_from:
         return None
-    if (Path(resume_from) / COMPLETE_MARKER).exists():
+    if is_complete(resume_from):
         return resume_from
-    local = checkpoints_dir(settings.jobs_dir / job_id) / Path(resume_from).name
-    if (local / COMPLETE_MARKER).exists():
+    job_dir = settings.jobs_dir / job_id
+    local = job_dir / CHECKPOINTS_DIR / Path(resume_from).name
+    if is_complete(local):
         return str(local)
     query = select(Checkpoint).where(
         Checkpoint.job_id == job_id, Checkpoint.step == step_of(resume_from), Checkpoint.deleted.is_(False)
@@ -214,6 +211,4 @@ def local_resume_point(
     row = session.scalar(query)
     if row is None or not is_remote(row.path):
         raise FileNotFoundError(f"resume checkpoint {resume_from} is not on this host nor in object storage")
-    store = artifact_store(settings) or store_for(row.path, settings)
-    local.parent.mkdir(parents=True, exist_ok=True)
-    return str(store.download(row.path, local))
+    return str(local_copy(row.path, job_dir, artifact_store(settings), settings))

@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 
 from jobcore.db.models import Checkpoint, Job, JobEvent, JobMetric, lock_jobs_for_events, utcnow
 from jobcore.storage import S3Store, is_remote
-from worker.checkpoints import COMPLETE_MARKER, dir_size, prune_checkpoints
+from twinkle_core.checkpoint import COMPLETE_MARKER
+from worker.checkpoints import dir_size, prune_checkpoints
 
 METRIC_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_second")
 PROGRESS_FIELDS = ("step", "total_steps", "epoch", "loss", "lr", "tokens_per_second")

@@ -13,11 +13,13 @@ from sqlalchemy.orm import Session
 
 from jobcore.db.models import Job, JobEvent
 from jobcore.jobs.lifecycle import transition
+from jobcore.jobs.spec import training_of
 from jobcore.jobs.states import TERMINAL, JobStatus
 from jobcore.storage import S3Store
 from twinkle_core import checkpoint as ckpt
+from twinkle_core.checkpoint import latest_complete_checkpoint
 from twinkle_core.progress import PROGRESS_FILE, ProgressReader
-from worker.checkpoints import dir_size, latest_complete_checkpoint, save_total_limit_of
+from worker.checkpoints import dir_size
 from worker.ingest import Observed, ingest_events
 from worker.webhooks import enqueue_terminal_webhook
 
@@ -49,7 +51,7 @@ def succeed_if_finished(
         return None
     if job.status == S.STARTING:
         transition(session, job, S.RUNNING, message="runner started")
-    seen, values = ingest_events(session, job.id, events, save_total_limit_of(job.spec), store)
+    seen, values = ingest_events(session, job.id, events, training_of(job.spec).save_total_limit, store)
     for column, value in values.items():
         setattr(job, column, value)
     job.progress_cursor = reader.offset

@@ -23,21 +23,15 @@ from sqlalchemy.orm import Session, object_session
 from jobcore.db.models import Checkpoint, Job, JobEvent, utcnow
 from jobcore.db.session import session_scope
 from jobcore.jobs.lifecycle import transition
+from jobcore.jobs.spec import training_of
 from jobcore.jobs.states import InvalidTransition, JobStatus
 from jobcore.settings import Settings
-from jobcore.storage import artifact_store, is_remote, store_for
+from jobcore.storage import artifact_store, is_remote
+from twinkle_core.checkpoint import COMPLETE_MARKER, latest_complete_checkpoint, step_of
 from twinkle_core.progress import PROGRESS_FILE, ProgressReader
 from worker import gang
 from worker.attempt import AttemptTarget, RunningAttempt, start_attempt
-from worker.checkpoints import (
-    COMPLETE_MARKER,
-    checkpoints_dir,
-    latest_complete_checkpoint,
-    remove_dirs,
-    remove_stored_checkpoints,
-    save_total_limit_of,
-    step_of,
-)
+from worker.checkpoints import local_copy, remove_dirs, remove_stored_checkpoints
 from worker.ingest import Observed, OwnershipLost, fenced_job_update, forget_metrics_after, ingest_events
 from worker.launch import AttemptPaths, Rendezvous, resolve_torchrun, runner_env, torchrun_argv
 from worker.outcome import AttemptResult, Outcome, StopCause, classify, read_tail
@@ -228,12 +222,7 @@ class Supervisor:
         return str(latest) if latest else None
 
     def _download(self, location: str) -> Path:
-        store = self.store or store_for(location, self.settings)
-        target = checkpoints_dir(self.job_dir) / location.rstrip("/").rsplit("/", 1)[-1]
-        if not (target / COMPLETE_MARKER).exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            store.download(location, target)
-        return target
+        return local_copy(location, self.job_dir, self.store, self.settings)
 
     # -- gang start (multi-node jobs) ------------------------------------------------------------
 
@@ -363,7 +352,7 @@ class Supervisor:
 
     def _save_total_limit(self, session: Session) -> int | None:
         if not hasattr(self, "_limit_cache"):  # the spec does not change during an attempt
-            self._limit_cache: int | None = save_total_limit_of(self._job(session).spec)
+            self._limit_cache: int | None = training_of(self._job(session).spec).save_total_limit
         return self._limit_cache
 
     # -- the end -------------------------------------------------------------------------------

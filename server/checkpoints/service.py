@@ -20,12 +20,13 @@ from sqlalchemy.orm import Session
 from jobcore import storage
 from jobcore.db.models import Checkpoint
 from jobcore.settings import Settings
-from server.auth.service import Principal
+from server.auth.principal import Principal
 from server.checkpoints import repository
 from server.checkpoints.schemas import CheckpointOut
 from server.common.pagination import split_page
 from server.errors import InvalidRequest, NotFound
 from server.jobs import service as jobs
+from twinkle_core.checkpoint import COMPLETE_MARKER
 
 
 def present(checkpoint: Checkpoint) -> CheckpointOut:
@@ -102,7 +103,7 @@ def _add_directory(tar: tarfile.TarFile, source: Path, root: str) -> None:
 def _add_objects(tar: tarfile.TarFile, settings: Settings, checkpoint: Checkpoint, root: str) -> None:
     store = storage.store_for(checkpoint.path, settings)
     files = store.list_files(checkpoint.path)
-    if not any(f.relative == storage.COMPLETE_MARKER for f in files):
+    if not any(f.relative == COMPLETE_MARKER for f in files):
         raise NotFound(f"the objects of checkpoint '{checkpoint.id}' are no longer in storage")
     for stored in files:
         relative = Path(stored.relative)

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
+from jobcore.jobs.spec import resources_of
 from server.common.pagination import DEFAULT_LIMIT, MAX_LIMIT
 from server.deps import ReadPrincipal, SessionDep, SettingsDep
 from server.errors import InvalidRequest, error_responses
@@ -138,13 +139,13 @@ def get_logs(
 ) -> JobLogs:
     """The tail of the attempt log and of each rank's log file, from every node of the job."""
     job = jobs.get_job(session, principal, job_id)
-    resources = (job.spec or {}).get("resources") or {}
+    resources = resources_of(job.spec)
     selection = service.LogSelection(
         attempt=attempt,
         node=node,
         rank=rank,
-        nnodes=int(resources.get("nnodes") or 1),
-        nproc_per_node=int(resources.get("nproc_per_node") or 1),
+        nnodes=resources.nnodes,
+        nproc_per_node=resources.nproc_per_node,
     )
     files = service.read_logs(jobs.job_dir(settings, job), selection, lines)
     return JobLogs(job_id=job.id, files=files)

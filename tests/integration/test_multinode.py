@@ -28,7 +28,7 @@ from jobcore.db.session import session_scope
 from jobcore.settings import Settings
 from server.app import create_app
 from server.auth.service import create_token
-from worker.checkpoints import step_of
+from twinkle_core.checkpoint import step_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 

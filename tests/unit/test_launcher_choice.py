@@ -15,9 +15,10 @@ from test_api_support import Api, spec_body
 from jobcore.db.migrate import upgrade
 from jobcore.db.models import Job, Project
 from jobcore.db.session import session_scope
+from jobcore.jobs.spec import resources_of
 from jobcore.settings import Settings
 from worker.agent import WorkerAgent
-from worker.attempt import AttemptTarget, launcher_of, start_attempt
+from worker.attempt import AttemptTarget, start_attempt
 from worker.claim import claim_next_job
 
 SPEC: dict[str, Any] = {"model": {"config": {}}, "data": {"train_file": "/dev/null"}}
@@ -81,8 +82,9 @@ def test_a_worker_without_a_ray_address_leaves_ray_jobs_to_one_with_it(settings:
 
 
 def test_launcher_of_stored_specs_and_no_ray_job_without_an_address(tmp_path: Path) -> None:
-    assert launcher_of(SPEC) == "torchrun" and launcher_of(None) == "torchrun"  # older rows
-    assert launcher_of(RAY_SPEC) == "ray"
+    # Older rows (no launcher field) and no spec at all read as torchrun.
+    assert resources_of(SPEC).launcher == "torchrun" and resources_of(None).launcher == "torchrun"
+    assert resources_of(RAY_SPEC).launcher == "ray"
     target = AttemptTarget("job-1", 1, "ray", 1, [])
     with pytest.raises(RuntimeError, match="without TWINKLE_RAY_ADDRESS"):
         start_attempt(target, ["true"], {}, tmp_path, tmp_path / "a.log", ray_address=None)

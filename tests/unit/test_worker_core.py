@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.checkpoints import complete_checkpoints, latest_complete_checkpoint, step_of
+from twinkle_core.checkpoint import complete_step_checkpoints, latest_complete_checkpoint, step_of
 from worker.gpus import GpuLedger, discover_gpus
 from worker.ingest import Observed
 from worker.launch import AttemptPaths, runner_env, torchrun_argv
@@ -80,7 +80,7 @@ def test_latest_complete_checkpoint_ignores_unfinished(tmp_path: Path) -> None:
         if complete:
             (d / "COMPLETE").write_text("ok")
     (tmp_path / "checkpoints" / ".tmp-step-14").mkdir()
-    assert [s for s, _ in complete_checkpoints(tmp_path)] == [2, 10]
+    assert [step_of(p) for p in complete_step_checkpoints(tmp_path / "checkpoints")] == [2, 10]
     latest = latest_complete_checkpoint(tmp_path)
     assert latest is not None and step_of(latest) == 10
     assert latest_complete_checkpoint(tmp_path / "nothing") is None
