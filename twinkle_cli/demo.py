@@ -15,8 +15,6 @@ import httpx
 
 from jobcore.settings import Settings
 
-TERMINAL = {"succeeded", "failed", "cancelled"}
-
 
 def prepare_assets(settings: Settings) -> tuple[Path, Path]:
     """Tiny model + dataset inside the data dir (an allowed root by default); reused if present."""
@@ -72,7 +70,7 @@ def run_demo(url: str, token: str, settings: Settings, steps: int, nproc: int, t
         if page.get("has_more"):
             continue
         job = client.get(f"/v1/jobs/{job['id']}").json()
-        if job["status"] in TERMINAL:
+        if job["terminal"]:
             break
         time.sleep(0.5)
     else:

@@ -22,7 +22,6 @@ from pydantic import ValidationError
 
 from twinkle_client import APIError, TwinkleClient
 
-TERMINAL = ("succeeded", "failed", "cancelled")
 EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT = 1, 2, 3
 
 OUTPUT = click.option(
@@ -214,7 +213,7 @@ def _wait(client: TwinkleClient, job: dict[str, Any], timeout: float | None, out
     deadline = None if timeout is None else time.monotonic() + timeout
     last = ""
     tty = sys.stderr.isatty()
-    while job["status"] not in TERMINAL:
+    while not job["terminal"]:  # the server says when a run has ended
         if deadline is not None and time.monotonic() > deadline:
             break
         line = _progress_line(job)
@@ -231,7 +230,7 @@ def _finish(job: dict[str, Any], output: str, timeout: float | None = None) -> N
     _emit(job, output, [_progress_line(job)])
     if job["status"] == "succeeded":
         return
-    if job["status"] not in TERMINAL:
+    if not job["terminal"]:
         click.echo(f"job {job['id']} is still {job['status']} after the {timeout} s timeout", err=True)
         sys.exit(EXIT_TIMEOUT)
     error = job.get("error") or {}
@@ -284,7 +283,17 @@ def _job_action(action: str) -> Any:
     return command
 
 
-jobs.command("get")(_job_action("get"))
+@jobs.command("get")
+@click.argument("job_id")
+@OUTPUT
+@click.pass_context
+@_handle_api_errors
+def jobs_get(ctx: click.Context, job_id: str, output: str) -> None:
+    """Show a job: its status and the actions it allows now."""
+    job = _client(ctx).jobs.get(job_id)
+    _emit(job, output, [f"{job['id']} {job['status']}", f"actions: {', '.join(job['actions']) or 'none'}"])
+
+
 jobs.command("cancel")(_job_action("cancel"))
 jobs.command("pause")(_job_action("pause"))
 

@@ -20,7 +20,6 @@ import httpx
 from twinkle_client.sse import Message, read_messages
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 MAX_SLEEP = 60.0
 # With no deadline, a stream silent for this long (the server sends a keep-alive every 15 s) is
 # taken for a dead connection and reopened.
@@ -353,10 +352,11 @@ class Jobs(_Resource):
             response.close()
 
     def wait(self, job_id: str, timeout: float | None = None, poll: float = 1.0) -> Json:
+        """Poll until the server says the job's run ended (`terminal`); `TimeoutError` at `timeout`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             job = self.get(job_id)
-            if job["status"] in TERMINAL:
+            if job["terminal"]:  # the run ended (a resume would start a new attempt)
                 return job
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} is still {job['status']} after {timeout} s")

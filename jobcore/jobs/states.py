@@ -1,8 +1,15 @@
-"""The job state machine: every status change in the project goes through `transition`.
+"""The job state machine and the user's actions: the one vocabulary of job statuses.
 
-Keeping the table in one place means the API (409 on an action that does not apply), the worker
-(claim, finish, retry) and the reconciler agree on what may happen, and terminal states never
-change.
+Every status change in the project goes through `jobcore.jobs.lifecycle.transition`, which
+checks it against ALLOWED, so the API, the worker (claim, finish, retry) and the reconciler agree
+on what may happen. ACTIONS says which user action applies in which status and where it moves the
+job; the API answers 409 for any other, and publishes each job's `actions` and `terminal` from
+here, so the client, the CLI and the dashboard read them instead of keeping copies.
+
+A terminal status (succeeded, failed, cancelled) ends a run: no worker owns the job and nothing
+moves it on its own. It is not always final: a user's resume of a failed or cancelled job queues
+it again, a new attempt of the same job (FAILED/CANCELLED -> QUEUED happens only that way).
+A succeeded job never changes.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ class JobStatus(StrEnum):
 
 S = JobStatus
 
+# States in which a run has ended. Only a user's resume (failed, cancelled) leaves them.
 TERMINAL: frozenset[JobStatus] = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
 # States in which a worker owns the job and processes may exist.
 ACTIVE: frozenset[JobStatus] = frozenset({S.STARTING, S.RUNNING, S.PAUSING, S.CANCELLING})
@@ -63,3 +71,61 @@ def check_transition(current: str, target: str, action: str | None = None) -> Jo
     if not can_transition(current, target):
         raise InvalidTransition(current, target, action)
     return JobStatus(target)
+
+
+class JobAction(StrEnum):
+    """What a user may ask of a job: `POST /v1/jobs/{id}/{action}` (delete: `DELETE /v1/jobs/{id}`)."""
+
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL = "cancel"
+    CLONE = "clone"
+    DELETE = "delete"
+
+
+A = JobAction
+
+# The statuses each action applies in, and the status it moves the job to from there (None: the
+# job's status stays: clone makes another job, delete removes this one). A job whose processes
+# may exist (ACTIVE) is asked to stop through the -ing status the worker acts on; any other
+# changes at once. The API offers exactly these (`actions_for`) and answers 409 otherwise.
+ACTIONS: dict[JobAction, dict[JobStatus, JobStatus | None]] = {
+    A.PAUSE: {S.QUEUED: S.PAUSED, S.STARTING: S.PAUSING, S.RUNNING: S.PAUSING},
+    # A resume of a failed or cancelled job starts a new attempt of it; of a paused one, goes on.
+    A.RESUME: {S.PAUSED: S.QUEUED, S.FAILED: S.QUEUED, S.CANCELLED: S.QUEUED},
+    A.CANCEL: {
+        S.QUEUED: S.CANCELLED,
+        S.PAUSED: S.CANCELLED,
+        S.RETRYING: S.CANCELLED,
+        S.STARTING: S.CANCELLING,
+        S.RUNNING: S.CANCELLING,
+        S.PAUSING: S.CANCELLING,
+    },
+    A.CLONE: dict.fromkeys(JobStatus),
+    A.DELETE: dict.fromkeys(s for s in JobStatus if s in TERMINAL),  # only a run that ended, with its files
+}
+
+# Statuses in which an action was already asked for: asking again returns the job as it is (a
+# retried request does no harm), but the action is not offered.
+ALREADY_REQUESTED: dict[JobAction, frozenset[JobStatus]] = {
+    A.CANCEL: frozenset({S.CANCELLING}),
+    A.PAUSE: frozenset({S.PAUSING, S.PAUSED}),
+}
+
+
+def actions_for(status: str) -> list[str]:
+    """The actions a job in `status` offers, in ACTIONS' order (the order buttons show them)."""
+    return [str(action) for action, applies in ACTIONS.items() if JobStatus(status) in applies]
+
+
+def already_requested(status: str, action: JobAction) -> bool:
+    return JobStatus(status) in ALREADY_REQUESTED.get(action, frozenset())
+
+
+def check_action(status: str, action: JobAction) -> JobStatus | None:
+    """The status `action` moves a job in `status` to (None: unchanged), or InvalidTransition."""
+    applies = ACTIONS.get(action, {})
+    current = JobStatus(status)
+    if current not in applies:
+        raise InvalidTransition(current.value, "", action.value)
+    return applies[current]

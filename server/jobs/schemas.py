@@ -9,6 +9,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from jobcore.jobs.states import JobAction, JobStatus
 from server.common.pagination import ListEnvelope
 from twinkle_core.spec import JobSpec
 
@@ -126,7 +127,16 @@ class JobOut(BaseModel):
     id: str
     object: Literal["job"] = "job"
     name: str | None
-    status: str
+    status: JobStatus
+    actions: list[JobAction] = Field(
+        description="The actions the job's status allows now, in the order a user interface shows "
+        "them; any other is answered 409 (cancel while cancelling and pause while pausing or "
+        "paused are accepted as no-ops but not listed)"
+    )
+    terminal: bool = Field(
+        description="The run has ended (succeeded, failed or cancelled): no worker owns the job and "
+        "it changes no more on its own. A resume (when `actions` has it) starts a new attempt"
+    )
     spec: dict[str, Any] = Field(description="The resolved JobSpec: every default filled in")
     priority: int
     max_retries: int

@@ -2,6 +2,7 @@
 
 Every status change goes through `jobcore.jobs.lifecycle.transition`; waking a worker is
 registered to run after the commit so a worker never looks for a row that is not there yet.
+Whether a user's action applies, and what it does, is `jobcore.jobs.states.ACTIONS`'s to say.
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ from sqlalchemy.orm import Session
 from jobcore.db.models import Checkpoint, Job, JobEvent, Project
 from jobcore.jobs.lifecycle import transition
 from jobcore.jobs.locks import lock_project
-from jobcore.jobs.states import TERMINAL, InvalidTransition, JobStatus
+from jobcore.jobs.states import (
+    TERMINAL,
+    InvalidTransition,
+    JobAction,
+    JobStatus,
+    actions_for,
+    already_requested,
+    check_action,
+)
 from jobcore.settings import Settings
 from server.auth.service import Principal
 from server.common.pagination import split_page
@@ -159,21 +168,27 @@ def _replay(earlier: Job, digest: str) -> Job:
     return earlier
 
 
+def _target(job: Job, action: JobAction) -> JobStatus:
+    """Where `action` moves the job (ACTIONS' rule), or InvalidTransition (a 409)."""
+    target = check_action(job.status, action)
+    assert target is not None, f"{action} changes the job's status"
+    return target
+
+
 def cancel_job(session: Session, principal: Principal, job_id: str) -> Job:
     job = get_job(session, principal, job_id)
-    if job.status == S.CANCELLING:
+    if already_requested(job.status, JobAction.CANCEL):
         return job
-    # Nothing runs yet (or any more): cancel at once. Otherwise the worker stops the processes.
-    direct = job.status in (S.QUEUED, S.PAUSED, S.RETRYING)
-    target = S.CANCELLED if direct else S.CANCELLING
+    # Nothing runs yet (or any more): cancelled at once. Otherwise the worker stops the processes.
+    target = _target(job, JobAction.CANCEL)
     return transition(session, job, target, action="cancel", message="cancel requested")
 
 
 def pause_job(session: Session, principal: Principal, job_id: str) -> Job:
     job = get_job(session, principal, job_id)
-    if job.status in (S.PAUSING, S.PAUSED):
+    if already_requested(job.status, JobAction.PAUSE):
         return job
-    target = S.PAUSED if job.status == S.QUEUED else S.PAUSING
+    target = _target(job, JobAction.PAUSE)
     return transition(session, job, target, action="pause", message="pause requested")
 
 
@@ -181,9 +196,8 @@ def resume_job(
     session: Session, principal: Principal, job_id: str, checkpoint_id: str | None, dispatch: Dispatch
 ) -> Job:
     job = get_job(session, principal, job_id)
-    if job.status not in (S.PAUSED, S.FAILED, S.CANCELLED):
-        # retrying -> queued is the worker's path, not a user's resume.
-        raise InvalidTransition(job.status, S.QUEUED.value, "resume")
+    # retrying -> queued is the worker's path, not a user's resume.
+    target = _target(job, JobAction.RESUME)
     _check_queue_limit(session, principal.project_id)  # a resumed job joins the queue as well
     checkpoints = repository.live_checkpoints(session, [job.id])
     chosen: Checkpoint | None
@@ -194,13 +208,14 @@ def resume_job(
     else:
         chosen = checkpoints[-1] if checkpoints else None
     message = f"resume from checkpoint {chosen.id} (step {chosen.step})" if chosen else "resume from scratch"
-    # Resuming a failed or cancelled job is a new run: fresh retry and time budgets. A paused
+    # Resuming a failed or cancelled job is a new attempt: fresh retry and time budgets. A paused
     # job is the same run going on, so it keeps what it has spent.
-    budgets: dict[str, Any] = {} if job.status == S.PAUSED else {"failed_attempts": 0, "run_seconds": 0.0}
+    fresh = job.status in TERMINAL
+    budgets: dict[str, Any] = {"failed_attempts": 0, "run_seconds": 0.0} if fresh else {}
     job = transition(
         session,
         job,
-        S.QUEUED,
+        target,
         action="resume",
         message=message,
         resume_from=chosen.path if chosen else None,
@@ -238,6 +253,7 @@ def clone_job(
     if earlier is not None:
         return earlier, False
     source = get_job(session, principal, job_id)
+    check_action(source.status, JobAction.CLONE)
     merged = deep_merge(source.spec, body.spec)
     try:
         spec = JobSpec.model_validate(merged)
@@ -288,11 +304,11 @@ def remove_under_data_dir(settings: Settings, path: Path) -> None:
 
 def delete_job(session: Session, settings: Settings, principal: Principal, job_id: str) -> None:
     job = get_job(session, principal, job_id)
-    if job.status not in TERMINAL:
-        raise Conflict(
-            f"cannot delete: the job is '{job.status}'; cancel it first (only finished jobs are deleted)",
-            code="invalid_state",
-        )
+    try:
+        check_action(job.status, JobAction.DELETE)
+    except InvalidTransition as exc:
+        hint = "cancel it first (only a job whose run ended is deleted)"
+        raise Conflict(f"{exc}; {hint}", code="invalid_state") from exc
     artifacts = [job_dir(settings, job)]
     artifacts += [
         settings.data_dir / "archives" / f"{c.id}.tar" for c in repository.live_checkpoints(session, [job.id])
@@ -372,7 +388,9 @@ def present_jobs(
             JobOut(
                 id=job.id,
                 name=job.name,
-                status=job.status,
+                status=JobStatus(job.status),
+                actions=actions_for(job.status),
+                terminal=job.status in TERMINAL,
                 spec=job.spec,
                 priority=job.priority,
                 max_retries=job.max_retries,

@@ -76,3 +76,17 @@ def test_operations_have_stable_ids_and_documented_errors() -> None:
     create = operations[("/v1/jobs", "post")]
     assert {"200", "201", "409", "422"} <= set(create["responses"])
     assert document["components"]["schemas"]["JobCreate"]["examples"]
+
+
+def test_the_job_object_publishes_the_status_and_action_vocabulary() -> None:
+    """Clients read statuses and actions from the document: it lists every one jobcore defines."""
+    from jobcore.jobs.states import JobAction, JobStatus
+
+    schemas = json.loads(DOCUMENT.read_text())["components"]["schemas"]
+    job = schemas["JobOut"]["properties"]
+    assert job["status"] == {"$ref": "#/components/schemas/JobStatus"}
+    assert schemas["JobStatus"]["enum"] == [s.value for s in JobStatus]
+    assert job["actions"]["items"] == {"$ref": "#/components/schemas/JobAction"}
+    assert schemas["JobAction"]["enum"] == [a.value for a in JobAction]
+    assert job["terminal"]["type"] == "boolean"
+    assert {"status", "actions", "terminal"} <= set(schemas["JobOut"]["required"])

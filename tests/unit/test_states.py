@@ -1,9 +1,11 @@
 """The job state machine, exhaustively: the table, `transition()` on a real database for every pair
-of states, and every user action through the API from every state."""
+of states, the table of user actions against it, and every user action through the API from every
+state (409 exactly where the table does not offer it)."""
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -11,8 +13,19 @@ from test_api_support import *  # noqa: F403
 from test_api_support import Api
 
 from jobcore.db.models import Job, JobEvent
+from jobcore.jobs import states
 from jobcore.jobs.lifecycle import transition
-from jobcore.jobs.states import ALLOWED, TERMINAL, InvalidTransition, JobStatus, can_transition
+from jobcore.jobs.states import (
+    ACTIONS,
+    ALLOWED,
+    ALREADY_REQUESTED,
+    TERMINAL,
+    InvalidTransition,
+    JobAction,
+    JobStatus,
+    actions_for,
+    can_transition,
+)
 
 S = JobStatus
 ALL = list(JobStatus)
@@ -25,6 +38,35 @@ def test_the_table_covers_every_state_and_terminal_states_only_resume() -> None:
         assert ALLOWED[status] <= {S.QUEUED}, "a finished job may only be requeued by a resume"
     for status in ALL:
         assert status not in ALLOWED[status], "no self-transitions"
+
+
+def test_every_offered_action_is_a_transition_the_state_machine_allows() -> None:
+    assert list(ACTIONS) == list(JobAction), "every action has its row, in the order buttons show"
+    for action, applies in ACTIONS.items():
+        assert applies, f"{action} applies nowhere"
+        for status, target in applies.items():
+            assert target is None or can_transition(status, target), (action, status, target)
+    assert set(ACTIONS[JobAction.CLONE]) == set(ALL) and set(ACTIONS[JobAction.CLONE].values()) == {None}
+    assert set(ACTIONS[JobAction.DELETE]) == TERMINAL, "only a job whose run ended is deleted"
+    # Only a user's resume leaves a terminal status, and it starts a new attempt (queued).
+    for status in TERMINAL:
+        moves = {a for a, applies in ACTIONS.items() if applies.get(status) is not None}
+        assert moves == ({JobAction.RESUME} if ALLOWED[status] else set()), status
+        assert ACTIONS[JobAction.RESUME].get(status, S.QUEUED) == S.QUEUED
+    # An action already asked for is a no-op, never offered as well.
+    for action, statuses in ALREADY_REQUESTED.items():
+        assert not statuses & set(ACTIONS[action]), action
+
+
+def test_actions_for_lists_the_offered_actions_in_a_stable_order() -> None:
+    assert actions_for("queued") == ["pause", "cancel", "clone"]
+    assert actions_for(S.RUNNING) == ["pause", "cancel", "clone"]
+    assert actions_for("paused") == ["resume", "cancel", "clone"]
+    assert actions_for("cancelling") == ["clone"]
+    assert actions_for("failed") == ["resume", "clone", "delete"]
+    assert actions_for("succeeded") == ["clone", "delete"]
+    for status in ALL:
+        assert actions_for(status) == [a.value for a in JobAction if status in ACTIONS[a]]
 
 
 def test_transition_on_the_database_for_every_pair(api: Api) -> None:
@@ -110,3 +152,118 @@ def test_delete_only_finished_jobs(api: Api) -> None:
             assert api.client.get(f"/v1/jobs/{job_id}", headers=api.admin).status_code == 404
         else:
             assert response.status_code == 409 and status.value in response.json()["error"]["message"]
+
+
+def test_the_action_table_in_docs_api_is_the_codes() -> None:
+    """docs/api.md's table of actions (one row per action and target) says what ACTIONS says."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    documented: dict[str, dict[str, str | None]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or cells[0] not in set(JobAction):
+            continue
+        action, sources, to = cells
+        froms = [s.value for s in ALL] if sources == "every status" else sources.split(", ")
+        first = to.split(" ")[0].strip(",:")
+        target = first if first in set(JobStatus) else None
+        for source in froms:
+            documented.setdefault(action, {})[source] = target
+    in_code = {
+        a.value: {s.value: t and t.value for s, t in applies.items()} for a, applies in ACTIONS.items()
+    }
+    assert documented == in_code
+
+
+def _client_on(api: Api) -> Any:
+    """The client package talking to the in-process app (through the test client)."""
+    import httpx
+
+    from twinkle_client import TwinkleClient
+
+    def forward(request: httpx.Request) -> httpx.Response:
+        answer = api.client.request(
+            request.method, str(request.url), headers=request.headers, content=request.read()
+        )
+        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
+
+    token = api.admin["Authorization"].removeprefix("Bearer ")
+    return TwinkleClient("http://testserver", token, transport=httpx.MockTransport(forward))
+
+
+def _act(api: Api, job_id: str, action: JobAction) -> Any:
+    if action == JobAction.DELETE:
+        return api.client.delete(f"/v1/jobs/{job_id}", headers=api.admin)
+    return api.client.post(f"/v1/jobs/{job_id}/{action.value}", json={}, headers=api.admin)
+
+
+@pytest.mark.parametrize("action", list(JobAction))
+@pytest.mark.parametrize("status", ALL)
+def test_the_api_answers_409_exactly_when_the_table_does_not_offer_the_action(
+    api: Api, status: S, action: JobAction
+) -> None:
+    job_id = api.submit()["id"]
+    api.force_status(job_id, status.value)
+    shown = api.client.get(f"/v1/jobs/{job_id}", headers=api.admin).json()
+    assert shown["actions"] == actions_for(status) and shown["terminal"] == (status in TERMINAL)
+    response = _act(api, job_id, action)
+    after = api.client.get(f"/v1/jobs/{job_id}", headers=api.admin)
+    if status in ACTIONS[action]:
+        assert response.status_code in (200, 201), response.text
+        target = ACTIONS[action][status]
+        if action == JobAction.DELETE:
+            assert after.status_code == 404
+        elif target is None:  # clone: a new job, the source as it was
+            assert response.json()["id"] != job_id and after.json()["status"] == status.value
+        else:
+            assert response.json()["status"] == target.value == after.json()["status"]
+            assert response.json()["actions"] == actions_for(target)
+    elif status in ALREADY_REQUESTED.get(action, frozenset()):
+        assert response.status_code == 200 and response.json()["status"] == status.value
+        assert response.json()["actions"] == actions_for(status)
+    else:
+        assert response.status_code == 409, response.text
+        error = response.json()["error"]
+        assert error["code"] == "invalid_state" and f"'{status.value}'" in error["message"]
+        assert after.json()["status"] == status.value
+
+
+def test_an_action_added_to_the_table_reaches_the_api_client_and_cli(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Offer resume while retrying (retrying -> queued is a transition the machine allows): one
+    edit of ACTIONS, and the API lists it and performs it, the client and the CLI show it."""
+    from click.testing import CliRunner
+
+    from twinkle_cli import resources
+    from twinkle_client import TwinkleClient
+
+    job_id = api.submit()["id"]
+    api.force_status(job_id, "retrying")
+    assert "resume" not in api.client.get(f"/v1/jobs/{job_id}", headers=api.admin).json()["actions"]
+    monkeypatch.setitem(states.ACTIONS, JobAction.RESUME, {**ACTIONS[JobAction.RESUME], S.RETRYING: S.QUEUED})
+
+    token = api.admin["Authorization"].removeprefix("Bearer ")
+
+    def client(url: str | None = None, tok: str | None = None) -> TwinkleClient:
+        return _client_on(api)
+
+    assert client().jobs.get(job_id)["actions"] == ["resume", "cancel", "clone"]
+    monkeypatch.setattr(resources, "TwinkleClient", client)
+    shown = CliRunner().invoke(
+        resources.jobs, ["--url", "http://testserver", "--token", token, "get", job_id]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.splitlines() == [f"{job_id} retrying", "actions: resume, cancel, clone"]
+    response = api.client.post(f"/v1/jobs/{job_id}/resume", headers=api.admin)
+    assert response.status_code == 200 and response.json()["status"] == "queued", response.text
+
+
+def test_clients_wait_on_the_servers_terminal_flag(api: Api) -> None:
+    job_id = api.submit()["id"]
+    client = _client_on(api)
+    with pytest.raises(TimeoutError):
+        client.jobs.wait(job_id, timeout=0.05, poll=0.01)
+    api.force_status(job_id, "failed")  # ended, though a resume could start it again
+    assert client.jobs.wait(job_id, timeout=5, poll=0.01)["terminal"] is True

@@ -2,20 +2,6 @@
 
 import { h } from "./dom.js";
 
-export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
-export const STATUSES = [
-  "queued",
-  "starting",
-  "running",
-  "pausing",
-  "paused",
-  "cancelling",
-  "retrying",
-  "succeeded",
-  "failed",
-  "cancelled",
-];
-
 export function statusBadge(status) {
   return h(
     "span",

@@ -6,8 +6,6 @@ import { h, replace } from "../lib/dom.js";
 import { formatAgo, formatBytes, formatDateTime, formatNumber, formatShortTime } from "../lib/format.js";
 import { busy, emptyState, errorBox, toast } from "../lib/ui.js";
 
-const RESUMABLE = new Set(["paused", "failed", "cancelled"]);
-
 // A checkpoint's own metrics, else the training loss charted at its step (runs without
 // evaluation save checkpoints with no metrics of their own).
 function metricsText(metrics, trainLoss) {
@@ -21,7 +19,7 @@ export class CheckpointsPanel {
     this.jobId = jobId;
     this.onResumed = onResumed;
     this.lossAt = lossAt;
-    this.status = null;
+    this.actions = []; // the job's `actions`: "Resume from here" is offered when it has "resume"
     this.body = h("div", { class: "panel-body" }, h("p", { class: "muted" }, "Loading…"));
     this.el = h(
       "section",
@@ -31,8 +29,8 @@ export class CheckpointsPanel {
     );
   }
 
-  async refresh(status = this.status) {
-    this.status = status;
+  async refresh(actions = this.actions) {
+    this.actions = actions || [];
     try {
       const page = await getJson(`/v1/jobs/${encodeURIComponent(this.jobId)}/checkpoints`, { limit: 100 });
       this.render(page.data);
@@ -49,7 +47,7 @@ export class CheckpointsPanel {
       );
       return;
     }
-    const canResume = RESUMABLE.has(this.status);
+    const canResume = this.actions.includes("resume");
     const rows = checkpoints.map((c) =>
       h(
         "tr",

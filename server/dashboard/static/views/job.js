@@ -1,29 +1,40 @@
 // One job: status and actions, progress with ETA, live loss / learning-rate charts fed by the
 // event stream, checkpoints, events, logs and the resolved spec.
 
-import { getJson, postJson } from "../lib/api.js";
+import { getJson, postJson, request } from "../lib/api.js";
 import { LiveChart } from "../lib/chart.js";
 import { h, replace } from "../lib/dom.js";
 import { formatDuration, formatNumber, formatShortTime, jobDuration } from "../lib/format.js";
 import { followEventStream } from "../lib/sse.js";
-import { TERMINAL, busy, copyButton, errorBox, poll, progressBar, statusBadge, toast } from "../lib/ui.js";
+import { busy, copyButton, errorBox, poll, progressBar, statusBadge, toast } from "../lib/ui.js";
 import { CheckpointsPanel, EventsPanel, LogsPanel } from "./job-panels.js";
 
 const POLL_MS = 2000;
 const LOG_POLL_MS = 3000;
 
-// Which actions a status allows (the server has the final word and answers 409 otherwise).
-const ACTIONS = [
-  { key: "pause", label: "Pause", when: ["queued", "starting", "running"] },
-  { key: "resume", label: "Resume", when: ["paused", "failed", "cancelled"] },
-  {
-    key: "cancel",
+// How each action looks. Which ones a job offers, and in what order, is the server's to say:
+// `job.actions` (an action this map does not know gets a button labelled with its name, which
+// POSTs to /v1/jobs/{id}/{action}).
+export const ACTION_LOOKS = {
+  pause: { label: "Pause" },
+  resume: { label: "Resume" },
+  cancel: {
     label: "Cancel",
-    when: ["queued", "starting", "running", "pausing", "paused", "retrying"],
     danger: true,
+    confirm: (job) => `Cancel ${job.name || job.id}? Running processes are stopped.`,
   },
-  { key: "clone", label: "Clone", when: null },
-];
+  clone: { label: "Clone" },
+  delete: {
+    label: "Delete",
+    danger: true,
+    confirm: (job) => `Delete ${job.name || job.id}? Its logs, checkpoints and events go with it.`,
+  },
+};
+
+export function actionLook(key) {
+  const look = ACTION_LOOKS[key] || {};
+  return { key, label: look.label || key.charAt(0).toUpperCase() + key.slice(1), ...look };
+}
 
 function stat(label, value, key) {
   return h("div", { class: "stat", dataset: { stat: key } }, h("dt", {}, label), h("dd", {}, value));
@@ -99,7 +110,7 @@ export async function mount(root, { params, navigate }) {
   function renderActions() {
     replace(
       actions,
-      ACTIONS.filter((a) => !a.when || a.when.includes(job.status)).map((a) =>
+      (job.actions || []).map(actionLook).map((a) =>
         h(
           "button",
           {
@@ -148,9 +159,9 @@ export async function mount(root, { params, navigate }) {
           percent === null ? "" : `${percent.toFixed(percent < 10 ? 1 : 0)}%`,
         ),
       ),
-      progressBar(TERMINAL.has(job.status) && percent === null ? 0 : percent, { label: "Training progress" }),
+      progressBar(job.terminal && percent === null ? 0 : percent, { label: "Training progress" }),
     );
-    const eta = TERMINAL.has(job.status) ? "—" : formatDuration(p.eta_seconds);
+    const eta = job.terminal ? "—" : formatDuration(p.eta_seconds);
     replace(
       stats,
       stat("ETA", eta, "eta"),
@@ -177,26 +188,25 @@ export async function mount(root, { params, navigate }) {
   }
 
   function update(next) {
-    const wasLive = !TERMINAL.has(job.status);
+    const wasLive = !job.terminal;
     const before = job.status;
     job = next;
     render();
-    checkpoints.status = job.status;
-    if (!TERMINAL.has(job.status) && !streaming) startStream();
-    if (wasLive && TERMINAL.has(job.status)) {
-      // Final numbers: every event is committed once the job is terminal.
-      checkpoints.refresh(job.status);
+    checkpoints.actions = job.actions;
+    if (!job.terminal && !streaming) startStream();
+    if (wasLive && job.terminal) {
+      // Final numbers: every event is committed once the run has ended.
+      checkpoints.refresh(job.actions);
       logs.refresh();
       loadMetrics();
     } else if (before !== job.status) {
       // pausing -> paused enables "Resume from here", running -> queued disables it.
-      checkpoints.refresh(job.status);
+      checkpoints.refresh(job.actions);
     }
   }
 
   async function act(action, button) {
-    if (action.key === "cancel" && !confirm(`Cancel ${job.name || job.id}? Running processes are stopped.`))
-      return;
+    if (action.confirm && !confirm(action.confirm(job))) return;
     await busy(button, async () => {
       if (action.key === "clone") {
         const clone = await postJson(`${path}/clone`, {});
@@ -204,9 +214,15 @@ export async function mount(root, { params, navigate }) {
         navigate(`/jobs/${encodeURIComponent(clone.id)}`);
         return;
       }
-      update(await postJson(`${path}/${action.key}`, action.key === "resume" ? {} : undefined));
+      if (action.key === "delete") {
+        await request(path, { method: "DELETE" });
+        toast(`Deleted ${job.name || job.id}`, "success");
+        navigate("/jobs");
+        return;
+      }
+      update(await postJson(`${path}/${encodeURIComponent(action.key)}`, {}));
       toast(`${action.label}: the job is now ${job.status}`, "success");
-      checkpoints.refresh(job.status);
+      checkpoints.refresh(job.actions);
     });
   }
 
@@ -257,7 +273,7 @@ export async function mount(root, { params, navigate }) {
             error: `error: ${err?.message}`,
           }[state] || state;
       },
-      shouldReconnect: async () => !TERMINAL.has((await refreshJob())?.status ?? job.status),
+      shouldReconnect: async () => !((await refreshJob()) ?? job).terminal,
     }).finally(() => {
       streaming = false;
     });
@@ -273,22 +289,22 @@ export async function mount(root, { params, navigate }) {
   }
 
   render();
-  checkpoints.status = job.status;
+  checkpoints.actions = job.actions;
   const [initialEvents] = await Promise.all([
     getJson(`${path}/events`, { order: "desc", limit: 100 }).catch(() => ({ data: [] })),
     // Checkpoints after the metrics: a row without metrics of its own shows the charted loss.
-    loadMetrics().then(() => checkpoints.refresh(job.status)),
+    loadMetrics().then(() => checkpoints.refresh(job.actions)),
     logs.refresh(),
   ]);
   for (const event of initialEvents.data.reverse()) events.add(event);
   events.render();
-  if (!TERMINAL.has(job.status)) startStream();
+  if (!job.terminal) startStream();
   else {
     streamState.dataset.state = "closed";
     streamState.textContent = "job finished";
   }
-  stops.push(poll(async () => !TERMINAL.has(job.status) && refreshJob(), POLL_MS));
-  stops.push(poll(async () => !TERMINAL.has(job.status) && logs.refresh(), LOG_POLL_MS));
+  stops.push(poll(async () => !job.terminal && refreshJob(), POLL_MS));
+  stops.push(poll(async () => !job.terminal && logs.refresh(), LOG_POLL_MS));
 
   return () => {
     controller.abort();

@@ -16,7 +16,9 @@ const PAGE = 20;
 const MAX_LIMIT = 100; // the API's largest page
 const POLL_MS = 2000;
 
-// Each chip is a set of statuses the API filters on (`status=a&status=b`); [] = every job.
+// Each chip is a set of statuses the API filters on (`status=a&status=b`); [] = every job. The
+// groups are presentation only: the statuses themselves are the server's (its OpenAPI document
+// lists them), and "All" filters nothing, so a job in a status no chip names still shows there.
 export const FILTERS = [
   { key: "all", label: "All", statuses: [] },
   {
