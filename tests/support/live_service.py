@@ -20,7 +20,6 @@ import httpx
 from twinkle_cli.stack import free_port
 
 TOKEN = "tw-test-admin-token"
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 @dataclass
@@ -109,7 +108,7 @@ class LiveService:
                 job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
                 if not seen or seen[-1] != job["status"]:
                     seen.append(job["status"])
-                if job["status"] in TERMINAL:
+                if job["terminal"]:  # the API says when a run has ended
                     job["_seen"] = seen
                     return job
                 time.sleep(0.3)
