@@ -44,6 +44,12 @@ class ServerSettings(_Environment):
     allowed_roots: str | None = Field(
         default=None, description="Colon-separated directories a spec may name; default: the data dir"
     )
+    rate_limit_url: str | None = Field(
+        default=None,
+        description="Where per-token rate limits are counted: a redis:// URL shares the count between "
+        "server processes; 'memory' counts in each process; unset: TWINKLE_BROKER_URL when that is "
+        "Redis, else in each process",
+    )
     max_upload_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
     max_request_bytes: int = Field(
         default=1024 * 1024,
@@ -98,6 +104,14 @@ class Settings(SharedSettings, ServerSettings, WorkerSettings):
     @property
     def resolved_broker_url(self) -> str:
         return self.broker_url or f"sqla+sqlite:///{self.data_dir / 'broker.db'}"
+
+    @property
+    def resolved_rate_limit_url(self) -> str | None:
+        """The Redis URL rate limits are counted in, or None: in each server process."""
+        url = self.rate_limit_url or self.broker_url
+        if not url or url == "memory" or url.split("://", 1)[0] not in ("redis", "rediss", "unix"):
+            return None
+        return url
 
     @property
     def jobs_dir(self) -> Path:

@@ -21,7 +21,7 @@ from jobcore.broker import send_wakeup
 from jobcore.db import migrate
 from jobcore.db.session import make_engine
 from jobcore.settings import Settings, get_settings
-from server.auth.ratelimit import TokenBuckets
+from server.auth.ratelimit import make_rate_limiter
 from server.auth.service import DEFAULT_PROJECT, register_token
 from server.checkpoints.router import router as checkpoints_router
 from server.cluster.prometheus import ApiLatency
@@ -29,6 +29,7 @@ from server.cluster.router import router as cluster_router
 from server.common.body_limit import BodyLimitMiddleware
 from server.common.heap import freeze_startup_heap
 from server.common.middleware import RequestContextMiddleware
+from server.common.ratelimit_headers import RateLimitHeadersMiddleware
 from server.dashboard.router import router as dashboard_router
 from server.errors import install_error_handlers
 from server.files.router import MULTIPART_OVERHEAD
@@ -37,6 +38,7 @@ from server.jobs.router import router as jobs_router
 from server.openai_compat.router import router as openai_router
 from server.progress.router import router as progress_router
 from server.progress.stream import StreamTiming
+from server.projects.router import projects_router, tokens_router
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +128,7 @@ def create_app(settings: Settings | None = None, dispatch: Callable[[str], None]
         bootstrap(settings, session_factory)
         freeze_startup_heap()  # full GCs stalled requests for 60 ms (server/common/heap.py)
         yield
+        await app.state.rate_limits.close()
         engine.dispose()
 
     app = FastAPI(
@@ -139,15 +142,26 @@ def create_app(settings: Settings | None = None, dispatch: Callable[[str], None]
     app.state.engine = engine
     app.state.session_factory = session_factory
     app.state.dispatch = dispatch or default_dispatch(settings)
-    app.state.rate_limits = TokenBuckets()
+    # Per-token rate limits: shared in Redis when one is configured, else counted per process.
+    app.state.rate_limits = make_rate_limiter(settings.resolved_rate_limit_url)
     app.state.latency = ApiLatency()
     app.state.stream_timing = StreamTiming()
 
     install_error_handlers(app)
     # Inside the request-context middleware, so a 413 still has its request id and latency.
+    app.add_middleware(RateLimitHeadersMiddleware)
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limits(settings))
     app.add_middleware(RequestContextMiddleware, latency=app.state.latency)
-    routers = (jobs_router, progress_router, checkpoints_router, files_router, cluster_router, openai_router)
+    routers = (
+        jobs_router,
+        progress_router,
+        checkpoints_router,
+        files_router,
+        cluster_router,
+        openai_router,
+        projects_router,
+        tokens_router,
+    )
     for router in routers:
         app.include_router(router)
     app.include_router(dashboard_router)  # the web UI (include_in_schema=False: not in the API document)

@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from jobcore.settings import Settings
 from server.auth.principal import Principal
-from server.auth.ratelimit import TokenBuckets
+from server.auth.ratelimit import RateLimiter
 from server.auth.service import authenticate, cached_principal
 from server.errors import Forbidden, RateLimited, Unauthorized
 
@@ -138,12 +138,13 @@ async def _principal(
     if principal is None:
         raise Unauthorized("invalid or revoked token")
     if principal.rate_limit_per_minute:
-        buckets: TokenBuckets = request.app.state.rate_limits
-        wait = buckets.take(principal.token_id, principal.rate_limit_per_minute)
-        if wait is not None:
+        limiter: RateLimiter = request.app.state.rate_limits
+        verdict = await limiter.check(principal.token_id, principal.rate_limit_per_minute)
+        request.state.rate_limit = verdict  # the X-RateLimit-* headers (server.common.ratelimit_headers)
+        if not verdict.allowed:
             raise RateLimited(
                 f"rate limit of {principal.rate_limit_per_minute} requests per minute reached",
-                retry_after=wait,
+                retry_after=verdict.retry_after or 1,
             )
     return principal
 

@@ -225,6 +225,15 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected_error)
 
 
+_INT = {"type": "integer"}
+# Sent with every answer to a token that has a rate limit (server/common/ratelimit_headers.py).
+RATE_LIMIT_HEADERS: dict[str, Any] = {
+    "X-RateLimit-Limit": {"description": "The token's requests per minute", "schema": _INT},
+    "X-RateLimit-Remaining": {"description": "Requests that may follow at once", "schema": _INT},
+    "X-RateLimit-Reset": {"description": "Seconds until the whole limit is available again", "schema": _INT},
+}
+
+
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses=` entries documenting the error envelope for the given statuses."""
     descriptions = {
@@ -244,5 +253,5 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         out[status] = {"model": ErrorResponse, "description": descriptions[status]}
         if status == 429:
             retry = {"description": "Seconds to wait before retrying", "schema": {"type": "integer"}}
-            out[status]["headers"] = {"Retry-After": retry}
+            out[status]["headers"] = {"Retry-After": retry, **RATE_LIMIT_HEADERS}
     return out

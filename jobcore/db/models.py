@@ -6,6 +6,7 @@ says so, and N+1 patterns fail in tests instead of slowing production.
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -31,6 +32,11 @@ from sqlalchemy.types import TypeDecorator
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def new_webhook_secret() -> str:
+    """A project's webhook signing secret: shown once (creation, rotation), then only used to sign."""
+    return "whsec_" + secrets.token_urlsafe(32)
 
 
 def new_id(prefix: str) -> str:
@@ -64,7 +70,9 @@ class Project(Base):
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True, default=lambda: new_id("proj"))
     name: Mapped[str] = mapped_column(String(128), unique=True)
-    webhook_secret: Mapped[str] = mapped_column(String(128), default=lambda: uuid.uuid4().hex)
+    webhook_secret: Mapped[str] = mapped_column(String(128), default=new_webhook_secret)
+    # Where a job submitted without its own `webhook_url` reports (copied onto the job at submit).
+    webhook_url: Mapped[str | None] = mapped_column(Text, default=None)
     max_running_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
     max_queued_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -82,6 +90,7 @@ class ApiToken(Base):
     scopes: Mapped[list[Any]] = mapped_column(default=lambda: ["read", "write"])
     rate_limit_per_minute: Mapped[int | None] = mapped_column(Integer, default=None)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(default=None)
 

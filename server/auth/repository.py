@@ -33,6 +33,7 @@ def principal_row(session: Session, token_hash: str) -> Row[Any] | None:
             ApiToken.scopes,
             ApiToken.rate_limit_per_minute,
             ApiToken.last_used_at,
+            ApiToken.expires_at,
         )
         .join(Project, Project.id == ApiToken.project_id)
         .where(ApiToken.token_hash == token_hash, ApiToken.revoked.is_(False))
@@ -42,6 +43,12 @@ def principal_row(session: Session, token_hash: str) -> Row[Any] | None:
 
 def touch_token(session: Session, token_id: str, now: datetime) -> None:
     session.execute(update(ApiToken).where(ApiToken.id == token_id).values(last_used_at=now))
+
+
+def token_in_project(session: Session, project_id: str, token_id: str) -> ApiToken | None:
+    return session.scalars(
+        select(ApiToken).where(ApiToken.id == token_id, ApiToken.project_id == project_id)
+    ).one_or_none()
 
 
 def tokens(session: Session, project_id: str | None = None) -> list[ApiToken]:

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session
 
-from jobcore.db.models import ApiToken, Project, utcnow
+from jobcore.db.models import ApiToken, Project, new_webhook_secret, utcnow
 from server.auth import repository
 from server.auth.cache import TtlCache, cache_for
-from server.auth.principal import Principal
+from server.auth.principal import OPERATOR_PROJECT, Principal
 
 SCOPES = ("read", "write", "admin")
 # A scope grants itself and every weaker one: an admin token can also read and write.
@@ -28,7 +28,7 @@ IMPLIED: dict[str, frozenset[str]] = {
     "admin": frozenset({"read", "write", "admin"}),
 }
 TOKEN_PREFIX = "tj_"
-DEFAULT_PROJECT = "default"
+DEFAULT_PROJECT = OPERATOR_PROJECT
 # Writing last_used_at on every request would turn every read into a write; a minute is enough.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
@@ -70,11 +70,17 @@ def create_token(
     name: str = "",
     *,
     rate_limit_per_minute: int | None = None,
+    expires_at: datetime | None = None,
 ) -> tuple[str, ApiToken]:
-    """Create a token in the project (created if missing). Returns the plain token, shown once."""
+    """Create a token in the project (created if missing). Returns the plain token, shown once.
+
+    `expires_at` (timezone-aware, in the future) ends the token's life; None: it lives until revoked.
+    """
     checked = check_scopes(scopes)
     if rate_limit_per_minute is not None and rate_limit_per_minute < 1:
         raise ValueError("rate_limit_per_minute must be at least 1")
+    if expires_at is not None and (expires_at.tzinfo is None or expires_at <= utcnow()):
+        raise ValueError("expires_at must be a timezone-aware time in the future")
     project = get_or_create_project(session, project_name)
     plain = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken(
@@ -83,6 +89,7 @@ def create_token(
         name=name,
         scopes=checked,
         rate_limit_per_minute=rate_limit_per_minute,
+        expires_at=expires_at,
     )
     session.add(token)
     session.flush()
@@ -139,6 +146,14 @@ def set_project_limits(
     return project
 
 
+def rotate_webhook_secret(session: Session, project: Project) -> str:
+    """A new signing secret for the project's webhooks, returned once. Deliveries attempted from
+    now on (retries of earlier ones included) are signed with it; the old one stops at once."""
+    project.webhook_secret = new_webhook_secret()
+    session.flush()
+    return project.webhook_secret
+
+
 def _cache(session: Session) -> TtlCache[Principal]:
     bind = session.get_bind()
     return cache_for(bind if isinstance(bind, Engine) else bind.engine)
@@ -161,7 +176,8 @@ def cached_principal(session: Session, plain: str) -> Principal | None:
     """The principal from this process's cache, without touching the database (None: ask it)."""
     if not plain or len(plain) > 512:
         return None
-    return _cache(session).get(hash_token(plain))
+    principal = _cache(session).get(hash_token(plain))
+    return None if principal is None or principal.expired(utcnow()) else principal
 
 
 def authenticate(session: Session, plain: str) -> Principal | None:
@@ -175,14 +191,14 @@ def authenticate(session: Session, plain: str) -> Principal | None:
         return None
     digest = hash_token(plain)
     cache = _cache(session)
+    now = utcnow()
     principal = cache.get(digest)
     if principal is not None:
-        return principal
+        return None if principal.expired(now) else principal
     generation = cache.generation
     row = repository.principal_row(session, digest)
-    if row is None:
+    if row is None or (row.expires_at is not None and now >= row.expires_at):
         return None
-    now = utcnow()
     if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
         repository.touch_token(session, row.id, now)
     principal = Principal(
@@ -191,6 +207,7 @@ def authenticate(session: Session, plain: str) -> Principal | None:
         project_name=row.project_name,
         scopes=effective_scopes(list(row.scopes)),
         rate_limit_per_minute=row.rate_limit_per_minute,
+        expires_at=row.expires_at,
     )
     cache.put(digest, principal, generation)
     return principal

@@ -124,11 +124,17 @@ def create_job(
         "max_retries": body.max_retries,
         "timeout_seconds": body.timeout_seconds,
         "metadata_": body.metadata,
-        "webhook_url": body.webhook_url,
+        "webhook_url": body.webhook_url or _default_webhook_url(session, principal.project_id),
         "idempotency_key": idempotency_key,
         "request_hash": digest,
     }
     return _insert_once(session, principal, values, dispatch)
+
+
+def _default_webhook_url(session: Session, project_id: str) -> str | None:
+    """The project's default webhook, copied onto the job: the job shows where it will report, and
+    a later change of the default does not redirect jobs already submitted."""
+    return session.scalar(select(Project.webhook_url).where(Project.id == project_id))
 
 
 def _earlier(session: Session, principal: Principal, key: str | None, digest: str) -> Job | None:

@@ -1,0 +1,1 @@
+"""Administration: projects (quotas, default webhook, webhook secret) and API tokens."""
