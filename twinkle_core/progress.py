@@ -6,6 +6,7 @@ and `time`; the kinds are:
 - `started`:    total_steps, world_size, resumed_from (checkpoint path or null), start_step
 - `step`:       step, total_steps, epoch, loss, lr, grad_norm, tokens_per_second, samples_per_second
 - `eval`:       step, eval_loss
+- `sample`:     step, samples: [{prompt, completion}] (greedy generations every `training.sample_every`)
 - `checkpoint`: step, path, metrics, is_best
 - `done`:       step, final_checkpoint
 - `stopped`:    step, reason ("pause" | "terminate"), checkpoint: the run stopped on request
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 PROGRESS_FILE = "progress.jsonl"
-EventKind = Literal["started", "step", "eval", "checkpoint", "done", "stopped", "error", "message"]
+EventKind = Literal["started", "step", "eval", "sample", "checkpoint", "done", "stopped", "error", "message"]
 
 
 class ProgressWriter:

@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from twinkle_core.options import MixedPrecision, Strategy, check_precision_for_strategy
 
 DataFormat = Literal["auto", "chat", "prompt_completion", "text"]
 Launcher = Literal["torchrun", "ray"]
+SamplePrompt = Annotated[str, StringConstraints(min_length=1, max_length=2000)]
 
 
 class _Section(BaseModel):
@@ -109,6 +118,32 @@ class TrainingSection(_Section):
     save_total_limit: int | None = Field(default=3, ge=1)
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     early_stopping_patience: int | None = Field(default=None, ge=1)
+    sample_every: int | None = Field(
+        default=None,
+        ge=1,
+        description="Every this many optimizer steps, generate greedily from sample_prompts with the "
+        "current weights (a 'sample' event); null: off",
+    )
+    sample_prompts: list[SamplePrompt] = Field(
+        default_factory=list,
+        max_length=8,
+        validate_default=True,
+        description="Prompts for sample_every (at most 8, each 1..2000 characters); chat data gets "
+        "the tokenizer's chat template",
+    )
+    sample_max_new_tokens: int = Field(default=64, ge=1, le=512, description="Tokens generated per prompt")
+
+    @field_validator("sample_prompts")
+    @classmethod
+    def _samples_need_both(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if "sample_every" not in info.data:
+            return value  # sample_every itself was invalid: that error is reported on its own
+        every = info.data["sample_every"]
+        if every is not None and not value:
+            raise ValueError(f"sample_every ({every}) needs at least one prompt in sample_prompts")
+        if every is None and value:
+            raise ValueError("sample_prompts are used only with sample_every; set it or drop the prompts")
+        return value
 
 
 class OptimizerSection(_Section):

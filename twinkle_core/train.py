@@ -167,6 +167,8 @@ class JobRunner:
         self.train_loader = DataLoader(
             train_set, batch_size=spec.training.batch_size, device_mesh=model.device_mesh, seed=seed
         )
+        # Sample prompts are user messages through the chat template when the model learns chats.
+        self.chat_samples = train_set.data_format == "chat"
         self.eval_loader = None
         if data.validation_file is not None:
             eval_set = Dataset(
@@ -305,6 +307,8 @@ class JobRunner:
             tracking.window_start = time.perf_counter()
         if training.eval_every and step % training.eval_every == 0:
             self.evaluate()
+        if training.sample_every and step % training.sample_every == 0:
+            self.sample()
         # A new best eval gets its checkpoint even between save_every steps, so best.json always
         # names the weights that scored best (eval_every and save_every need not align).
         new_best = tracking.last_eval_step == step and tracking.evals_without_improvement == 0
@@ -367,6 +371,28 @@ class JobRunner:
             tracking.evals_without_improvement += 1
         self.progress.emit("eval", step=step, eval_loss=eval_loss)
         return eval_loss
+
+    def sample(self) -> None:
+        """Greedy completions of `training.sample_prompts` with the current weights, on every rank.
+
+        Called at an optimizer-step boundary only. `TransformersModel.generate` runs in eval mode
+        and restores the RNG states, so a run with samples trains exactly like one without.
+        """
+        training = self.spec.training
+        completions = self.model.generate(
+            training.sample_prompts,
+            max_new_tokens=training.sample_max_new_tokens,
+            adapter_name=self.spec.adapter.adapter_name if self.spec.adapter else None,
+            chat=self.chat_samples,
+        )
+        self.progress.emit(
+            "sample",
+            step=self.model.cur_step,
+            samples=[
+                {"prompt": prompt, "completion": completion}
+                for prompt, completion in zip(training.sample_prompts, completions, strict=True)
+            ],
+        )
 
     def save_checkpoint(self) -> str:
         from twinkle_core import checkpoint as ckpt

@@ -115,6 +115,8 @@ def ingest_events(
             _ingest_step(rows, record, job_values)
         elif kind == "eval":
             _ingest_eval(rows, record)
+        elif kind == "sample":
+            _ingest_sample(rows, record)
         elif kind == "checkpoint":
             seen.last_checkpoint = _ingest_checkpoint(session, rows, record, store)
             for location in prune_checkpoints(session, job_id, save_total_limit):
@@ -175,6 +177,18 @@ def _ingest_eval(rows: _Rows, record: dict[str, Any]) -> None:
     if isinstance(value, int | float):
         rows.metric("eval_loss", step, float(value))
     rows.event("metrics", f"eval at step {step}: eval_loss={value}", record)
+
+
+def _ingest_sample(rows: _Rows, record: dict[str, Any]) -> None:
+    """Generations of the sample prompts at a step: one event, the pairs in its data."""
+    step = int(record.get("step") or 0)
+    samples = record.get("samples")
+    pairs = [
+        {"prompt": str(s.get("prompt", "")), "completion": str(s.get("completion", ""))}
+        for s in (samples if isinstance(samples, list) else [])
+        if isinstance(s, dict)
+    ]
+    rows.event("sample", f"samples at step {step}", {"step": step, "samples": pairs})
 
 
 def _ingest_checkpoint(session: Session, rows: _Rows, record: dict[str, Any], store: S3Store | None) -> str:

@@ -113,9 +113,12 @@ def _launch_and_signal(spec: Path, sig: signal.Signals) -> tuple[int, list[dict[
         log.close()
 
 
+SAMPLES = {"sample_every": 2, "sample_prompts": ["the cat", "a robot builds"], "sample_max_new_tokens": 8}
+
 # Dropout in both, so the resume must restore each rank's RNG (taken at the window's start when
-# the stop comes inside a window) to be bitwise; FSDP2 + LoRA + bf16 is the other end of the matrix.
-RESUME_CASES = {
+# the stop comes inside a window) to be bitwise; FSDP2 + LoRA + bf16 is the other end of the matrix,
+# with samples on: generating on every rank in lockstep must leave the resume bitwise too.
+RESUME_CASES: dict[str, dict[str, dict[str, Any]]] = {
     "ddp": {"model": {"config": {"attention_dropout": 0.1}}},
     "fsdp2_lora_bf16": {
         "model": {
@@ -125,8 +128,13 @@ RESUME_CASES = {
             "mixed_precision": "bf16",
         },
         "adapter": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.1},
+        "training": SAMPLES,
     },
 }
+
+
+def _samples(log: list[dict[str, Any]]) -> list[tuple[int, list[dict[str, str]]]]:
+    return [(e["step"], e["samples"]) for e in log if e["event"] == "sample"]
 
 
 @pytest.mark.slow
@@ -163,9 +171,8 @@ def test_job_checkpoints_pauses_and_resumes_exactly(
 
     # Pause (SIGUSR1 to every rank) after the first micro-batch of the first window: the checkpoint
     # is that of the last step boundary (step 0), `stopped`, exit 0.
-    paused = write_job(
-        tmp_path / "paused", tiny_model_dir, data_dir, training={"save_every": None}, **sections
-    )
+    paused_sections = {**sections, "training": {**sections.get("training", {}), "save_every": None}}
+    paused = write_job(tmp_path / "paused", tiny_model_dir, data_dir, **paused_sections)
     code, log = _launch_and_signal(paused, signal.SIGUSR1)
     assert code == 0
     stopped = log[-1]
@@ -185,6 +192,36 @@ def test_job_checkpoints_pauses_and_resumes_exactly(
     assert started["resumed_from"] == stopped["checkpoint"] and started["start_step"] == stopped["step"]
     assert resumed_log[-1]["event"] == "done"
     a, b = _weights(root / "step-6"), _weights(paused.parent / "checkpoints" / "step-6")
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+    if "training" in sections:  # samples on: the resumed run says what the straight one said
+        said = _samples(events(straight.parent))
+        assert [step for step, _ in said] == [2, 4, 6]
+        assert _samples(resumed_log) == said
+
+
+def test_samples_are_written_every_n_steps_and_do_not_change_training(
+    tmp_path: Path, tiny_model_dir: Path, data_dir: Path
+) -> None:
+    # DDP with dropout and accumulation windows of 2: samples come at optimizer steps 2 and 4, the
+    # same on a rerun, and the final weights are bitwise those of the same job without samples.
+    base = {"model": {"config": {"attention_dropout": 0.1}}}
+    training = {"max_steps": 4, "save_every": None, "eval_every": None}
+    runs = {}
+    for name, extra in (("samples", SAMPLES), ("rerun", SAMPLES), ("plain", {})):
+        spec = write_job(tmp_path / name, tiny_model_dir, data_dir, training={**training, **extra}, **base)
+        proc = torchrun(["-m", "twinkle_core.train", str(spec)])
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs[name] = events(spec.parent)
+    samples = _samples(runs["samples"])
+    assert [step for step, _ in samples] == [2, 4]
+    for _, pairs in samples:
+        assert [p["prompt"] for p in pairs] == SAMPLES["sample_prompts"]
+        assert all(p["completion"] for p in pairs), pairs
+    assert _samples(runs["rerun"]) == samples and not _samples(runs["plain"])
+    kinds = [e["event"] for e in runs["samples"]]
+    assert kinds.index("sample") == kinds.index("step") + 2  # after step 2's event, not inside a window
+    a = _weights(tmp_path / "samples" / "checkpoints" / "step-4")
+    b = _weights(tmp_path / "plain" / "checkpoints" / "step-4")
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
 
 

@@ -443,6 +443,82 @@ def test_lora_adapters_export_alone_or_merged(tiny_model_dir: Path, tmp_path: Pa
         _model(Path(saved))
 
 
+# ------------------------------------------------------------------------- generation
+def _reference_greedy(model: TransformersModel, text: str, max_new_tokens: int, special: bool) -> str:
+    """transformers' own greedy `generate`, one prompt at a time (no padding)."""
+    tok = model.tokenizer
+    inputs = tok(text, return_tensors="pt", add_special_tokens=special)
+    with torch.no_grad():
+        out = model.model.generate(
+            **inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id
+        )
+    return str(tok.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))
+
+
+def test_generate_is_transformers_greedy_and_leaves_training_untouched(tiny_model_dir: Path) -> None:
+    import random
+
+    import numpy as np
+
+    # Dropout in the config: generation must run in eval mode, and draw nothing from any RNG.
+    model = _model(tiny_model_dir, config={"attention_dropout": 0.3})
+    model.set_optimizer("adamw", lr=1e-2)
+    _train_steps_from(model, 0, 2)
+    prompts = ["the cat", "Question: what does a robot build? Answer:"]  # different lengths: padding
+    rng = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
+    completions = model.generate(prompts, max_new_tokens=12)
+    assert random.getstate() == rng[0] and np.array_equal(np.random.get_state()[1], rng[1])
+    assert torch.equal(torch.get_rng_state(), rng[2])
+    assert model.wrapped.training  # back in training mode
+    assert completions == model.generate(prompts, max_new_tokens=12)
+    model.wrapped.eval()
+    assert completions == [_reference_greedy(model, p, 12, special=True) for p in prompts]
+    model.wrapped.train()
+
+    # chat=True: the prompt as a user message through the tokenizer's chat template.
+    chat = model.generate(prompts[:1], max_new_tokens=8, chat=True)
+    rendered = model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompts[0]}], tokenize=False, add_generation_prompt=True
+    )
+    model.wrapped.eval()
+    assert chat == [_reference_greedy(model, rendered, 8, special=False)]
+
+    # A generated token that is an end-of-sequence id of the model's generation config ends it there.
+    first = model.tokenizer(completions[0], add_special_tokens=False)["input_ids"][0]
+    model.model.generation_config.eos_token_id = [model.tokenizer.eos_token_id, first]
+    assert model.generate(prompts[:1], max_new_tokens=12) == [""]
+
+    # Generating between steps changes nothing in training: the same weights as a run without it.
+    weights = []
+    for generate in (True, False):
+        m = _model(tiny_model_dir, config={"attention_dropout": 0.3})
+        m.set_optimizer("adamw", lr=1e-2)
+        _train_steps_from(m, 0, 1)
+        if generate:
+            m.generate(prompts, max_new_tokens=4)
+        weights.append(_next_step_weights(m, 1))
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_generate_with_a_lora_adapter_and_bad_arguments(tiny_model_dir: Path) -> None:
+    model = _model(tiny_model_dir)
+    model.add_adapter_to_model("default", {"r": 4, "lora_alpha": 8})
+    model.set_optimizer("adamw", adapter_name="default", lr=5e-2)
+    before = model.generate(["the cat"], max_new_tokens=6, adapter_name="default")
+    _train_steps(model, 3, adapter="default")
+    after = model.generate(["the cat"], max_new_tokens=6, adapter_name="default")
+    assert before != after  # the adapter's weights are used
+    for prompts, tokens, message in [
+        ([], 4, "non-empty list of strings"),
+        ("the cat", 4, "non-empty list of strings"),
+        (["the cat"], 0, "max_new_tokens must be a positive integer"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            model.generate(prompts, max_new_tokens=tokens)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="adapter_name 'nope' is unknown"):
+        model.generate(["x"], adapter_name="nope")
+
+
 # ------------------------------------------------------ RNG, scaler and marker on resume
 def _next_step_weights(model: TransformersModel, step: int) -> dict[str, torch.Tensor]:
     _train_steps_from(model, step, 1)

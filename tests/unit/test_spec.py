@@ -136,3 +136,36 @@ def test_precision_by_strategy_is_one_rule_for_spec_and_library() -> None:
             with pytest.raises(ValueError, match="is not supported by the"):
                 check_precision_for_strategy(precision, strategy)
     assert "fp8" not in PRECISIONS_BY_STRATEGY["native_fsdp"]
+
+
+def test_samples_need_sample_every_and_prompts_together() -> None:
+    def training(**values: object) -> dict[str, object]:
+        return {**MINIMAL, "training": values}
+
+    spec = JobSpec.model_validate(training(sample_every=100, sample_prompts=["Say hi"]))
+    assert spec.training.sample_max_new_tokens == 64
+    resolved = JobSpec.model_validate(MINIMAL).training
+    assert (resolved.sample_every, resolved.sample_prompts) == (None, [])  # off by default
+    cases: list[tuple[dict[str, object], str, str]] = [
+        ({"sample_every": 100}, "training.sample_prompts", "needs at least one prompt"),
+        ({"sample_every": 100, "sample_prompts": []}, "training.sample_prompts", "needs at least one prompt"),
+        ({"sample_prompts": ["Say hi"]}, "training.sample_prompts", "only with sample_every"),
+        ({"sample_every": 0, "sample_prompts": ["Say hi"]}, "training.sample_every", "greater than or equal"),
+        ({"sample_every": 1, "sample_prompts": ["p"] * 9}, "training.sample_prompts", "at most 8"),
+        ({"sample_every": 1, "sample_prompts": [""]}, "training.sample_prompts.0", "at least 1 character"),
+        ({"sample_every": 1, "sample_prompts": ["x" * 2001]}, "training.sample_prompts.0", "at most 2000"),
+        (
+            {"sample_every": 1, "sample_prompts": ["p"], "sample_max_new_tokens": 0},
+            "training.sample_max_new_tokens",
+            "",
+        ),
+        (
+            {"sample_every": 1, "sample_prompts": ["p"], "sample_max_new_tokens": 513},
+            "training.sample_max_new_tokens",
+            "",
+        ),
+    ]
+    for values, loc, message in cases:
+        with pytest.raises(ValidationError, match=message) as exc:
+            JobSpec.model_validate(training(**values))
+        assert error_locs(exc.value) == [loc], values

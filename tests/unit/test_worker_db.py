@@ -126,6 +126,41 @@ def test_ingest_writes_metrics_events_checkpoints_and_enforces_the_limit(
         assert kinds.count("checkpoint") == 3 and kinds.count("metrics") == 4
 
 
+def test_a_sample_record_becomes_one_event_and_is_ingested_once(
+    settings: Settings, project: str, tmp_path: Path
+) -> None:
+    from twinkle_core.progress import ProgressReader
+
+    job_id = add_job(settings, project)
+    samples = [{"prompt": "Say hi", "completion": " hi"}, {"prompt": "2+2=", "completion": "4"}]
+    progress = tmp_path / "progress.jsonl"
+    _write_progress(
+        tmp_path,
+        {"event": "step", "step": 2, "total_steps": 4, "loss": 1.0},
+        {"event": "sample", "time": 1.0, "step": 2, "samples": samples},
+    )
+    reader = ProgressReader(progress)
+    url = settings.resolved_database_url
+    with session_scope(url) as session:  # the batch and its cursor commit together, as the supervisor does
+        seen, _ = ingest_events(session, job_id, reader.read_new(), save_total_limit=None)
+        session.get_one(Job, job_id).progress_cursor = reader.offset
+    assert seen.count == 2
+    # A new reader from the committed cursor (a restarted worker) sees only what came after it.
+    _write_progress(tmp_path, {"event": "sample", "step": 4, "samples": "not a list"})
+    reader = ProgressReader(progress, offset=get_job(settings, job_id).progress_cursor or 0)
+    with session_scope(url) as session:
+        ingest_events(session, job_id, reader.read_new(), save_total_limit=None)
+    with session_scope(url) as session:
+        rows = session.scalars(
+            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.type == "sample").order_by(JobEvent.id)
+        ).all()
+        assert [(r.message, r.data) for r in rows] == [
+            ("samples at step 2", {"step": 2, "samples": samples}),
+            ("samples at step 4", {"step": 4, "samples": []}),
+        ]
+        assert session.scalars(select(JobMetric).where(JobMetric.job_id == job_id)).all()  # the step's
+
+
 @pytest.mark.parametrize("limit", [1, 2, 3])
 @pytest.mark.parametrize("best_step", [None, 1, 3, 5])
 def test_sql_retention_keeps_exactly_what_the_runner_keeps_on_disk(

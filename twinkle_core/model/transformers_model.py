@@ -19,7 +19,9 @@ grad scaler live in an `OptimizerBundle` (`optim.py`) and checkpoints are writte
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
@@ -82,6 +84,17 @@ def _finish_loss(window: _Window) -> None:
     if window.loss_reduction is not None:
         window.loss_reduction.wait()
     window.global_loss = float(window.loss_tensor[0]) / max(float(window.global_tokens), 1.0)
+
+
+def _decoding_arguments(module: nn.Module) -> tuple[str, dict[str, Any]]:
+    """The KV-cache argument name of the causal LM under `module` (peft's base model, if any):
+    `cache` since transformers 5.2x, `past_key_values` before and in remote-code models; and
+    `logits_to_keep=1` where it is taken (a prompt batch's full logits can be large)."""
+    get_base = getattr(module, "get_base_model", None)
+    base = get_base() if callable(get_base) else module
+    parameters = inspect.signature(base.forward).parameters
+    cache_name = "cache" if "cache" in parameters else "past_key_values"
+    return cache_name, ({"logits_to_keep": 1} if "logits_to_keep" in parameters else {})
 
 
 T = TypeVar("T")
@@ -464,6 +477,117 @@ class TransformersModel:
         finally:
             wrapped.train(was_training)
         return float(loss_sum), tokens
+
+    # ------------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[str],
+        max_new_tokens: int = 64,
+        adapter_name: str | None = None,
+        chat: bool = False,
+    ) -> list[str]:
+        """Greedy completions of `prompts` with the current weights, one string per prompt.
+
+        Collective: every rank calls it with the same prompts (under FSDP2 each forward gathers
+        the shards). `chat=True` renders each prompt as a user message through the tokenizer's
+        chat template. Runs in eval mode (no dropout) and restores this rank's python, numpy and
+        torch RNG states afterwards, so training continues exactly as if it had not been called.
+        """
+        if isinstance(prompts, str) or not prompts or not all(isinstance(p, str) for p in prompts):
+            raise ValueError("prompts must be a non-empty list of strings")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if self.tokenizer is None:
+            raise ValueError("generate needs a tokenizer: call set_tokenizer first")
+        if chat and getattr(self.tokenizer, "chat_template", None) is None:
+            raise ValueError("chat=True needs a tokenizer with a chat template")
+        self._check_adapter(adapter_name)
+        wrapped = self.wrapped
+        # DDP: the module it wraps (each rank holds all weights; DDP's forward would run
+        # collectives). FSDP2: the sharded model itself, whose root forward gathers the shards.
+        module = wrapped.module if isinstance(wrapped, nn.parallel.DistributedDataParallel) else wrapped
+        rng = state_io.rng_state()
+        was_training = wrapped.training
+        wrapped.eval()
+        try:
+            with self._autocast():
+                tokens = self._greedy(module, [self._prompt_ids(p, chat) for p in prompts], max_new_tokens)
+        finally:
+            wrapped.train(was_training)
+            state_io.set_rng_state(rng)
+        return [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in tokens]
+
+    def _prompt_ids(self, prompt: str, chat: bool) -> list[int]:
+        if chat:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.tokenizer, "eos_token_id", None), self._generation_eos()):
+            if isinstance(source, int):
+                ids.add(source)
+            elif isinstance(source, (list, tuple)):
+                ids.update(i for i in source if isinstance(i, int))
+        return ids
+
+    def _generation_eos(self) -> Any:
+        config = getattr(self.model, "generation_config", None)
+        return getattr(config, "eos_token_id", None)
+
+    def _greedy(self, module: nn.Module, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy decoding with a KV cache, prompts left-padded into one batch.
+
+        Every step is a forward of `module` itself (not of an inner model, as peft's and
+        transformers' `generate` would run), so FSDP2's root hooks gather every shard. Ranks stop
+        together: a sharded model's ranks agree (all-reduce MIN) that every sequence has ended.
+        """
+        device = self.info.device
+        eos = torch.tensor(sorted(self._eos_ids()), dtype=torch.long, device=device)
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        pad = int(pad) if pad is not None else (int(eos[0]) if len(eos) else 0)
+        width = max(len(ids) for ids in prompts)
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts], device=device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        synced = self.strategy.sharded and dist.is_initialized() and dist.get_world_size() > 1
+        finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+        steps: list[torch.Tensor] = []
+        cache_name, extra = _decoding_arguments(module)
+        cache: Any = None
+        for _ in range(max_new_tokens):
+            out = module(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{cache_name: cache},
+                **extra,
+            )
+            cache = getattr(out, cache_name)
+            chosen = out.logits[:, -1, :].argmax(dim=-1)
+            chosen = torch.where(finished, torch.full_like(chosen, pad), chosen)
+            steps.append(chosen)
+            finished |= torch.isin(chosen, eos)
+            done = torch.tensor([int(bool(finished.all()))], device=device)
+            if synced:
+                all_reduce_(done, op=dist.ReduceOp.MIN)
+            if bool(done[0]):
+                break
+            input_ids = chosen[:, None]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            positions = positions[:, -1:] + 1
+        generated = torch.stack(steps, dim=1).tolist()
+        eos_ids = set(eos.tolist())
+        completions = []
+        for row in generated:
+            end = next((i for i, token in enumerate(row) if token in eos_ids), len(row))
+            completions.append(row[:end])
+        return completions
 
     # ------------------------------------------------------------------------ checkpoints
     def save(
