@@ -125,9 +125,11 @@ def _sigterm_as_interrupt() -> None:
 
 
 def _register_resource_commands() -> None:
+    from twinkle_cli.projects import projects
     from twinkle_cli.resources import checkpoints, files, jobs
     from twinkle_cli.tokens import tokens
 
+    cli.add_command(projects)
     cli.add_command(tokens)
     cli.add_command(jobs)
     cli.add_command(files)

@@ -114,7 +114,7 @@ def _progress_line(job: dict[str, Any]) -> str:
     return f"{job['status']:<10} {bar}step {step}/{total or '?'}{loss}{eta}"
 
 
-def _handle_api_errors(f: Any) -> Any:
+def handle_api_errors(f: Any) -> Any:
     import functools
 
     @functools.wraps(f)
@@ -166,7 +166,7 @@ def jobs_validate(path: Path, output: str) -> None:
 @click.option("--timeout", type=float, default=None, help="Stop waiting after this many seconds (exit 3)")
 @OUTPUT
 @click.pass_context
-@_handle_api_errors
+@handle_api_errors
 def jobs_submit(
     ctx: click.Context,
     path: Path,
@@ -246,7 +246,7 @@ def _finish(job: dict[str, Any], output: str, timeout: float | None = None) -> N
 @click.option("--limit", default=20, show_default=True)
 @OUTPUT
 @click.pass_context
-@_handle_api_errors
+@handle_api_errors
 def jobs_list(
     ctx: click.Context,
     statuses: tuple[str, ...],
@@ -274,7 +274,7 @@ def _job_action(action: str) -> Any:
     @click.argument("job_id")
     @OUTPUT
     @click.pass_context
-    @_handle_api_errors
+    @handle_api_errors
     def command(ctx: click.Context, job_id: str, output: str) -> None:
         job = getattr(_client(ctx).jobs, action)(job_id)
         _emit(job, output, [f"{job['id']} {job['status']}"])
@@ -287,7 +287,7 @@ def _job_action(action: str) -> Any:
 @click.argument("job_id")
 @OUTPUT
 @click.pass_context
-@_handle_api_errors
+@handle_api_errors
 def jobs_get(ctx: click.Context, job_id: str, output: str) -> None:
     """Show a job: its status and the actions it allows now."""
     job = _client(ctx).jobs.get(job_id)
@@ -303,7 +303,7 @@ jobs.command("pause")(_job_action("pause"))
 @click.option("--checkpoint", default=None, help="Checkpoint id to resume from (default: the latest)")
 @OUTPUT
 @click.pass_context
-@_handle_api_errors
+@handle_api_errors
 def jobs_resume(ctx: click.Context, job_id: str, checkpoint: str | None, output: str) -> None:
     """Resume a paused, failed or cancelled job."""
     job = _client(ctx).jobs.resume(job_id, checkpoint)
@@ -316,7 +316,7 @@ def jobs_resume(ctx: click.Context, job_id: str, checkpoint: str | None, output:
 @click.option("--name", default=None)
 @OUTPUT
 @click.pass_context
-@_handle_api_errors
+@handle_api_errors
 def jobs_clone(
     ctx: click.Context, job_id: str, overrides: tuple[str, ...], name: str | None, output: str
 ) -> None:
@@ -346,7 +346,7 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
 @click.option("--attempt", type=int, default=None, help="Which attempt (default: the latest)")
 @OUTPUT
 @click.pass_context
-@_handle_api_errors
+@handle_api_errors
 def jobs_logs(ctx: click.Context, job_id: str, lines: int, attempt: int | None, output: str) -> None:
     """Print the tail of the job's logs (launcher and every rank)."""
     logs = _client(ctx).jobs.logs(job_id, lines, attempt)
@@ -366,7 +366,7 @@ def jobs_logs(ctx: click.Context, job_id: str, lines: int, attempt: int | None, 
 @click.option("--type", "types", multiple=True, help="Only events of this type (repeatable)")
 @OUTPUT
 @click.pass_context
-@_handle_api_errors
+@handle_api_errors
 def jobs_events(
     ctx: click.Context, job_id: str, follow: bool, timeout: float | None, types: tuple[str, ...], output: str
 ) -> None:
@@ -397,7 +397,7 @@ def files() -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @OUTPUT
 @click.pass_context
-@_handle_api_errors
+@handle_api_errors
 def files_upload(ctx: click.Context, path: Path, output: str) -> None:
     """Upload a JSONL/JSON/CSV/Parquet dataset (validated by the server)."""
     info = _client(ctx).files.upload(path)
@@ -407,7 +407,7 @@ def files_upload(ctx: click.Context, path: Path, output: str) -> None:
 @files.command("list")
 @OUTPUT
 @click.pass_context
-@_handle_api_errors
+@handle_api_errors
 def files_list(ctx: click.Context, output: str) -> None:
     """List uploaded files."""
     items = list(_client(ctx).files.list())
@@ -423,7 +423,7 @@ def checkpoints() -> None:
 @click.argument("job_id")
 @OUTPUT
 @click.pass_context
-@_handle_api_errors
+@handle_api_errors
 def checkpoints_list(ctx: click.Context, job_id: str, output: str) -> None:
     """List a job's checkpoints."""
     items = list(_client(ctx).checkpoints.list(job_id))
@@ -437,7 +437,7 @@ def checkpoints_list(ctx: click.Context, job_id: str, output: str) -> None:
 @click.option("--dest", type=click.Path(path_type=Path), default=None, help="Archive path [CKPT_ID.tar]")
 @OUTPUT
 @click.pass_context
-@_handle_api_errors
+@handle_api_errors
 def checkpoints_download(
     ctx: click.Context, job_id: str, checkpoint_id: str, dest: Path | None, output: str
 ) -> None:

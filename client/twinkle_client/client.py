@@ -69,6 +69,8 @@ class TwinkleClient:
         self.files = Files(self)
         self.checkpoints = Checkpoints(self)
         self.workers = Workers(self)
+        self.projects = Projects(self)
+        self.tokens = Tokens(self)
 
     def close(self) -> None:
         self._http.close()
@@ -436,3 +438,98 @@ class Checkpoints(_Resource):
 class Workers(_Resource):
     def list(self) -> builtins.list[Json]:
         return list(self._c.json("GET", "/v1/workers")["data"])
+
+
+# Sent as JSON null by `Projects.update` to lift a quota or remove the default webhook.
+UNSET: Any = object()
+
+
+class Projects(_Resource):
+    """Projects (admin scope). An admin of the project "default" administers every project; any
+    other admin token its own project only. `project` is an id (proj-...) or a name."""
+
+    def create(
+        self,
+        name: str,
+        *,
+        max_queued_jobs: int | None = None,
+        max_running_jobs: int | None = None,
+        webhook_url: str | None = None,
+    ) -> Json:
+        """Create a project; the answer's `webhook_secret` is shown this once."""
+        body: Json = {"name": name}
+        for key, value in (
+            ("max_queued_jobs", max_queued_jobs),
+            ("max_running_jobs", max_running_jobs),
+            ("webhook_url", webhook_url),
+        ):
+            if value is not None:
+                body[key] = value
+        result: Json = self._c.json("POST", "/v1/projects", json=body)
+        return result
+
+    def list(self, limit: int = 100) -> Iterator[Json]:
+        return self._c.paginate("/v1/projects", page_size=limit)
+
+    def get(self, project: str) -> Json:
+        result: Json = self._c.json("GET", f"/v1/projects/{project}")
+        return result
+
+    def update(
+        self,
+        project: str,
+        *,
+        max_queued_jobs: int | None = UNSET,
+        max_running_jobs: int | None = UNSET,
+        webhook_url: str | None = UNSET,
+    ) -> Json:
+        """Change only the fields given; `None` lifts a quota or removes the default webhook."""
+        fields = {
+            "max_queued_jobs": max_queued_jobs,
+            "max_running_jobs": max_running_jobs,
+            "webhook_url": webhook_url,
+        }
+        body = {key: value for key, value in fields.items() if value is not UNSET}
+        result: Json = self._c.json("PATCH", f"/v1/projects/{project}", json=body)
+        return result
+
+    def rotate_webhook_secret(self, project: str) -> Json:
+        """A new webhook secret, in the answer's `webhook_secret` (shown this once)."""
+        result: Json = self._c.json("POST", f"/v1/projects/{project}/rotate-webhook-secret")
+        return result
+
+
+class Tokens(_Resource):
+    """API tokens (admin scope); the plain token is in `create`'s answer only."""
+
+    def create(
+        self,
+        *,
+        project: str | None = None,
+        name: str = "",
+        scopes: Sequence[str] = ("read", "write"),
+        rate_limit_per_minute: int | None = None,
+        expires_at: datetime | str | None = None,
+    ) -> Json:
+        """A new token in `project` (default: the caller's); `expires_at` timezone-aware."""
+        body: Json = {"name": name, "scopes": builtins.list(scopes)}
+        if project is not None:
+            body["project"] = project
+        if rate_limit_per_minute is not None:
+            body["rate_limit_per_minute"] = rate_limit_per_minute
+        if expires_at is not None:
+            body["expires_at"] = expires_at.isoformat() if isinstance(expires_at, datetime) else expires_at
+        result: Json = self._c.json("POST", "/v1/tokens", json=body)
+        return result
+
+    def list(self, project: str | None = None, limit: int = 100) -> Iterator[Json]:
+        """Tokens (revoked ones too) of `project`, or of every project the caller administers."""
+        return self._c.paginate("/v1/tokens", {"project": project}, page_size=limit)
+
+    def get(self, token_id: str) -> Json:
+        result: Json = self._c.json("GET", f"/v1/tokens/{token_id}")
+        return result
+
+    def revoke(self, token_id: str) -> Json:
+        result: Json = self._c.json("POST", f"/v1/tokens/{token_id}/revoke")
+        return result
