@@ -9,6 +9,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from jobcore.jobs.events import EVENT_TYPES
 from jobcore.jobs.states import JobAction, JobStatus
 from server.common.pagination import ListEnvelope
 from twinkle_core.spec import JobSpec
@@ -166,7 +167,7 @@ class JobEventOut(BaseModel):
     object: Literal["job.event"] = "job.event"
     created_at: datetime
     level: str = Field(description="info, warn or error")
-    type: str = Field(description="message, metrics, status or checkpoint")
+    type: str = Field(description=f"One of: {', '.join(EVENT_TYPES)}")
     message: str
     data: dict[str, Any] | None
 

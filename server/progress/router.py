@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
+from jobcore.jobs.events import EventLevel, EventType
 from jobcore.jobs.spec import resources_of
 from server.common.pagination import DEFAULT_LIMIT, MAX_LIMIT
 from server.deps import ReadPrincipal, SessionDep, SettingsDep
@@ -21,8 +22,6 @@ router = APIRouter(prefix="/v1/jobs", tags=["progress"])
 JobId = Annotated[str, Path(max_length=64, description="A job id (job-...)")]
 ERRORS = error_responses(401, 403, 404, 422, 429)
 MAX_EVENT_ID = 2**63 - 1  # event ids are 64-bit integers
-EventType = Literal["message", "metrics", "status", "checkpoint"]
-EventLevel = Literal["info", "warn", "error"]
 
 
 @router.get("/{job_id}/events", operation_id="listJobEvents", response_model=JobEventList, responses=ERRORS)

@@ -117,3 +117,18 @@ def test_logs_tail_the_latest_attempt(api: Api) -> None:
 def test_logs_of_a_job_that_never_ran_are_empty(api: Api) -> None:
     job = api.submit()
     assert api.client.get(f"/v1/jobs/{job['id']}/logs", headers=api.admin).json()["files"] == []
+
+
+def test_events_filter_by_every_type_the_worker_writes(api: Api) -> None:
+    # Samples of training.sample_prompts are events of their own type, listed and filtered like all.
+    from jobcore.jobs.events import EVENT_TYPES
+
+    job = api.submit()
+    api.add_event(job["id"], "samples at step 2", type_="sample")
+    api.add_event(job["id"], "step 2", type_="metrics")
+    for kind in EVENT_TYPES:
+        page = api.client.get(f"/v1/jobs/{job['id']}/events", params={"type": kind}, headers=api.admin)
+        assert page.status_code == 200, page.text
+        assert {e["type"] for e in page.json()["data"]} <= {kind}
+    samples = api.client.get(f"/v1/jobs/{job['id']}/events?type=sample", headers=api.admin).json()["data"]
+    assert [e["message"] for e in samples] == ["samples at step 2"]

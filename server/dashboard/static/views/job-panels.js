@@ -286,3 +286,66 @@ export class LogsPanel {
     this.note.textContent = file.truncated ? `Last ${file.lines.length} lines.` : "";
   }
 }
+
+// What the model says while it trains (training.sample_every + sample_prompts): the newest
+// sampled step first, each prompt with the completion the current weights gave it. Hidden
+// until the job has samples.
+const MAX_SAMPLE_STEPS = 20;
+
+export class SamplesPanel {
+  constructor(jobId) {
+    this.jobId = jobId;
+    this.byStep = new Map(); // step -> [{prompt, completion}]; a replayed step replaces itself
+    this.body = h("div", { class: "panel-body scroll" });
+    this.el = h(
+      "section",
+      { class: "card panel samples", "aria-labelledby": "samples-title", hidden: true },
+      h("h2", { id: "samples-title" }, "Samples"),
+      this.body,
+    );
+  }
+
+  async refresh() {
+    try {
+      const path = `/v1/jobs/${encodeURIComponent(this.jobId)}/events`;
+      const page = await getJson(path, { type: "sample", order: "desc", limit: MAX_SAMPLE_STEPS });
+      for (const event of page.data) this.add(event, false);
+      this.render();
+    } catch (err) {
+      this.el.hidden = false;
+      replace(this.body, errorBox(err, "Could not load the samples"));
+    }
+  }
+
+  add(event, render = true) {
+    if (event?.type !== "sample") return;
+    const data = event.data || {};
+    const step = Number(data.step);
+    if (!Number.isFinite(step) || !Array.isArray(data.samples)) return;
+    this.byStep.set(step, data.samples);
+    if (render) this.render();
+  }
+
+  render() {
+    const steps = [...this.byStep.keys()].sort((a, b) => b - a).slice(0, MAX_SAMPLE_STEPS);
+    this.el.hidden = steps.length === 0;
+    replace(
+      this.body,
+      steps.map((step) =>
+        h(
+          "article",
+          { class: "sample-step", dataset: { step } },
+          h("h3", {}, `Step ${step}`),
+          h(
+            "dl",
+            {},
+            this.byStep.get(step).map((s) => [
+              h("dt", { class: "sample-prompt" }, String(s.prompt ?? "")),
+              h("dd", { class: "sample-completion mono" }, String(s.completion ?? "") || "(empty)"),
+            ]),
+          ),
+        ),
+      ),
+    );
+  }
+}

@@ -7,7 +7,7 @@ import { h, replace } from "../lib/dom.js";
 import { formatDuration, formatNumber, formatShortTime, jobDuration } from "../lib/format.js";
 import { followEventStream } from "../lib/sse.js";
 import { busy, copyButton, errorBox, poll, progressBar, statusBadge, toast } from "../lib/ui.js";
-import { CheckpointsPanel, EventsPanel, LogsPanel } from "./job-panels.js";
+import { CheckpointsPanel, EventsPanel, LogsPanel, SamplesPanel } from "./job-panels.js";
 
 const POLL_MS = 2000;
 const LOG_POLL_MS = 3000;
@@ -65,6 +65,7 @@ export async function mount(root, { params, navigate }) {
     lossAt: (step) => lossChart.data.get("loss").get(step),
   });
   const events = new EventsPanel();
+  const samples = new SamplesPanel(jobId);
   const logs = new LogsPanel(jobId);
 
   const title = h("h1", { class: "job-title" });
@@ -95,6 +96,7 @@ export async function mount(root, { params, navigate }) {
       errorSlot,
       h("section", { class: "card progress-card", "aria-label": "Progress" }, progressSlot, stats),
       h("div", { class: "charts" }, lossChart.el, lrChart.el),
+      samples.el,
       h("div", { class: "split" }, checkpoints.el, events.el),
       logs.el,
       h(
@@ -246,6 +248,7 @@ export async function mount(root, { params, navigate }) {
       return;
     }
     events.add(event);
+    samples.add(event);
     const data = event.data || {};
     const step = Number(data.step);
     if (Number.isFinite(step)) {
@@ -295,6 +298,7 @@ export async function mount(root, { params, navigate }) {
     // Checkpoints after the metrics: a row without metrics of its own shows the charted loss.
     loadMetrics().then(() => checkpoints.refresh(job.actions)),
     logs.refresh(),
+    samples.refresh(),
   ]);
   for (const event of initialEvents.data.reverse()) events.add(event);
   events.render();
