@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from twinkle_core.options import MixedPrecision, Strategy, check_precision_for_strategy
+from twinkle_core.trackers import TrackerName
 
 DataFormat = Literal["auto", "chat", "prompt_completion", "text"]
 Launcher = Literal["torchrun", "ray"]
@@ -132,6 +133,12 @@ class TrainingSection(_Section):
         "the tokenizer's chat template",
     )
     sample_max_new_tokens: int = Field(default=64, ge=1, le=512, description="Tokens generated per prompt")
+    report_to: list[TrackerName] = Field(
+        default_factory=list,
+        description="Experiment trackers that rank 0 writes the step and eval metrics to: tensorboard "
+        "(event files in <job_dir>/tensorboard), mlflow (MLFLOW_TRACKING_URI, default a SQLite store "
+        "in the job directory), wandb (offline under the job directory unless WANDB_API_KEY is set)",
+    )
 
     @field_validator("sample_prompts")
     @classmethod
@@ -143,6 +150,14 @@ class TrainingSection(_Section):
             raise ValueError(f"sample_every ({every}) needs at least one prompt in sample_prompts")
         if every is None and value:
             raise ValueError("sample_prompts are used only with sample_every; set it or drop the prompts")
+        return value
+
+    @field_validator("report_to")
+    @classmethod
+    def _each_tracker_once(cls, value: list[str]) -> list[str]:
+        repeated = sorted({name for name in value if value.count(name) > 1})
+        if repeated:
+            raise ValueError(f"each tracker may be named once; repeated: {', '.join(repeated)}")
         return value
 
 

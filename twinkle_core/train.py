@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     from twinkle_core.progress import ProgressWriter
     from twinkle_core.spec import JobSpec
+    from twinkle_core.trackers import Trackers
 
 EXIT_OK = 0
 EXIT_INFRA = 1
@@ -104,6 +105,8 @@ class JobRunner:
         self.checkpoint_root = job_dir / CHECKPOINTS_DIR
         self.first_step_done = False
         self.tracking = _Tracking()
+        self.trackers: Trackers | None = None
+        self.stopped = False
 
     # ----------------------------------------------------------------------------- setup
     def build(self) -> None:
@@ -246,10 +249,48 @@ class JobRunner:
         tracking.last_saved_step = self.model.cur_step
         tracking.boundary_consumed = resumed["consumed_train_samples"]
 
+    def check_trackers(self) -> None:
+        """Before any weights are read: a tracker library missing here is the user's to fix."""
+        from twinkle_core.trackers import check_available
+
+        try:
+            check_available(self.spec.training.report_to)
+        except ValueError as exc:
+            raise UserError(str(exc)) from exc
+
+    def open_trackers(self) -> Trackers:
+        from twinkle_core.trackers import Trackers, open_trackers
+
+        names = self.spec.training.report_to
+        if not names or not self.progress.enabled:  # rank 0 alone writes metrics
+            return Trackers()
+        return open_trackers(
+            names,
+            self.job_dir,
+            os.environ.get("TWINKLE_JOB_ID") or self.job_dir.name,
+            start_step=self.model.cur_step,
+            config=self.spec.model_dump(mode="json"),
+        )
+
+    def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        if self.trackers is not None:
+            self.trackers.log_metrics(step, {k: float(v) for k, v in metrics.items() if v is not None})
+
     # ------------------------------------------------------------------------------ loop
     def run(self) -> int:
+        self.check_trackers()
         self.build()
         self.restore()
+        self.trackers = self.open_trackers()
+        status = "failed"
+        try:
+            code = self.train()
+            status = "killed" if self.stopped else "finished"
+            return code
+        finally:
+            self.trackers.close(status)
+
+    def train(self) -> int:
         model, spec = self.model, self.spec
         self.progress.emit(
             "started",
@@ -292,6 +333,7 @@ class JobRunner:
         tracking.window_tokens += int(result["num_tokens"])
         if step % training.log_every == 0 or step == self.total_steps:
             elapsed = max(time.perf_counter() - tracking.window_start, 1e-9)
+            tokens_per_second = tracking.window_tokens / elapsed
             self.progress.emit(
                 "step",
                 step=step,
@@ -300,8 +342,17 @@ class JobRunner:
                 loss=result["loss"],
                 lr=result["lr"],
                 grad_norm=result["grad_norm"],
-                tokens_per_second=tracking.window_tokens / elapsed,
+                tokens_per_second=tokens_per_second,
                 samples_per_second=tracking.window_samples / elapsed,
+            )
+            self.log_metrics(
+                step,
+                {
+                    "train/loss": result["loss"],
+                    "train/lr": result["lr"],
+                    "train/grad_norm": result["grad_norm"],
+                    "train/tokens_per_second": tokens_per_second,
+                },
             )
             tracking.window_tokens = tracking.window_samples = 0
             tracking.window_start = time.perf_counter()
@@ -338,6 +389,7 @@ class JobRunner:
         if not (pause or terminate):
             return None
         path = self.save_checkpoint()
+        self.stopped = True
         reason = "terminate" if terminate else "pause"
         self.progress.emit("stopped", step=self.model.cur_step, reason=reason, checkpoint=path)
         return EXIT_TERMINATED if terminate else EXIT_OK
@@ -370,6 +422,7 @@ class JobRunner:
         else:
             tracking.evals_without_improvement += 1
         self.progress.emit("eval", step=step, eval_loss=eval_loss)
+        self.log_metrics(step, {"eval/loss": eval_loss})
         return eval_loss
 
     def sample(self) -> None:

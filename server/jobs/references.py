@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from jobcore.db.models import File
 from jobcore.settings import Settings
 from server.errors import InvalidRequest
 from twinkle_core.spec import JobSpec
+from twinkle_core.trackers import missing_library
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 HUB_SCHEMES = ("hf://", "ms://")
@@ -150,6 +151,16 @@ def check_spec(
         )
     check_model_kwargs(model.kwargs, f"{prefix}.model.kwargs")
     check_config_keys(model.config or {}, f"{prefix}.model.config")
+    check_trackers(spec.training.report_to, f"{prefix}.training.report_to")
+
+
+def check_trackers(names: Sequence[str], param: str) -> None:
+    """Each tracker's library must be installed on the server (deployments install the service with
+    the same extras everywhere; a worker without it fails the job as a user error at start)."""
+    for index, name in enumerate(names):
+        problem = missing_library(name)
+        if problem is not None:
+            raise InvalidRequest(f"{param}[{index}]: {problem}", param=f"{param}[{index}]")
 
 
 def check_model_kwargs(kwargs: dict[str, Any], param: str) -> None:
