@@ -21,10 +21,14 @@ from pydantic import (
     model_validator,
 )
 
+from twinkle_core.dataset.hub import SPLIT, is_hub_dataset
 from twinkle_core.options import MixedPrecision, Strategy, check_precision_for_strategy
 from twinkle_core.trackers import TrackerName
 
 DataFormat = Literal["auto", "chat", "prompt_completion", "text"]
+RecordField = Literal["messages", "prompt", "completion", "text"]
+DatasetSplit = Annotated[str, StringConstraints(pattern=SPLIT.pattern)]
+ColumnName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 Launcher = Literal["torchrun", "ray"]
 SamplePrompt = Annotated[str, StringConstraints(min_length=1, max_length=2000)]
 
@@ -98,11 +102,46 @@ class LoraSection(_Section):
 
 
 class DataSection(_Section):
-    train_file: str = Field(description="An uploaded file id (file-...), an allowed local path, or a hub id")
-    validation_file: str | None = None
+    train_file: str = Field(
+        description="An uploaded file id (file-...), an allowed local path, or a Hugging Face dataset "
+        "hf://datasets/org/name"
+    )
+    validation_file: str | None = Field(
+        default=None, description="Like train_file; a hub dataset is read at its validation_split"
+    )
     format: DataFormat = "auto"
     max_length: int = Field(default=1024, ge=8, le=1_048_576)
     packing: bool = False
+    split: DatasetSplit | None = Field(
+        default=None, description="Hub datasets only: the split of train_file to train on (default train)"
+    )
+    validation_split: DatasetSplit | None = Field(
+        default=None,
+        description="Hub datasets only: the split to evaluate on, of validation_file when it is a hub "
+        "dataset (default validation), else of train_file",
+    )
+    columns: dict[RecordField, ColumnName] = Field(
+        default_factory=dict,
+        description="Hub datasets only: our record fields (messages, prompt, completion, text) -> the "
+        "dataset's column names, e.g. {prompt: question, completion: answer}; only mapped columns are kept",
+    )
+
+    @model_validator(mode="after")
+    def _hub_settings_need_a_hub_dataset(self) -> DataSection:
+        train_hub = is_hub_dataset(self.train_file)
+        validation_hub = self.validation_file is not None and is_hub_dataset(self.validation_file)
+        if self.split is not None and not train_hub:
+            raise ValueError("data.split applies to a hub dataset (hf://datasets/org/name) in train_file")
+        if self.columns and not (train_hub or validation_hub):
+            raise ValueError("data.columns applies to hub datasets (hf://datasets/org/name) only")
+        if self.validation_split is not None:
+            if self.validation_file is not None and not validation_hub:
+                raise ValueError("data.validation_split applies to a hub dataset; validation_file is a file")
+            if self.validation_file is None and not train_hub:
+                raise ValueError("data.validation_split needs a hub dataset in train_file or validation_file")
+        if len(set(self.columns.values())) < len(self.columns):
+            raise ValueError("data.columns: each dataset column may be mapped once")
+        return self
 
 
 class TrainingSection(_Section):

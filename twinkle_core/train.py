@@ -161,7 +161,7 @@ class JobRunner:
             )
         data = spec.data
         train_set = Dataset(
-            _existing_file(data.train_file, "data.train_file"),
+            self.data_source(data.train_file, "data.train_file", data.split or "train"),
             model.tokenizer,
             data_format=data.format,
             max_length=data.max_length,
@@ -173,9 +173,16 @@ class JobRunner:
         # Sample prompts are user messages through the chat template when the model learns chats.
         self.chat_samples = train_set.data_format == "chat"
         self.eval_loader = None
+        validation: Any = None
         if data.validation_file is not None:
+            validation = self.data_source(
+                data.validation_file, "data.validation_file", data.validation_split or "validation"
+            )
+        elif data.validation_split is not None:  # another split of the training dataset
+            validation = self.data_source(data.train_file, "data.validation_split", data.validation_split)
+        if validation is not None:
             eval_set = Dataset(
-                _existing_file(data.validation_file, "data.validation_file"),
+                validation,
                 model.tokenizer,
                 data_format=data.format,
                 max_length=data.max_length,
@@ -200,6 +207,18 @@ class JobRunner:
         )
         self._set_optimizer()
         model.set_gradient_accumulation_steps(accumulation)
+
+    def data_source(self, location: str, field_name: str, split: str) -> Any:
+        """A data file's path, or a hub dataset's split loaded with `datasets` (columns renamed)."""
+        from twinkle_core.dataset.hub import is_hub_dataset, load_hub_dataset
+
+        if not is_hub_dataset(location):
+            if location.startswith(("hf://", "ms://")):
+                raise UserError(
+                    f"{field_name}: {location} is not a dataset; hub data is hf://datasets/org/name"
+                )
+            return _existing_file(location, field_name)
+        return load_hub_dataset(location, split, self.spec.data.columns, field=field_name)
 
     def _set_optimizer(self) -> None:
         spec, model = self.spec, self.model

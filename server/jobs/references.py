@@ -3,9 +3,10 @@
 A spec names models, tokenizers and datasets. A dataset may be an uploaded file of the caller's
 project (`file-...`); uploads are datasets only, so a model or tokenizer may not be one. Any of
 them may be an absolute local path that really lies (after resolving symlinks and `..`) inside
-one of the configured roots, or a hub id. What a value is follows from its spelling alone, never
-from what happens to exist in the server's working directory: `org/name` is a hub id even when
-such a relative path exists, and a relative path is refused.
+one of the configured roots, or a hub id: for data a dataset, `hf://datasets/org/name`, which the
+runner loads through `datasets` (a bare `org/name` names a model only). What a value is follows
+from its spelling alone, never from what happens to exist in the server's working directory:
+`org/name` is a hub id even when such a relative path exists, and a relative path is refused.
 
 `model.kwargs` reaches `from_pretrained`/`from_config` as keyword arguments; many of those
 choose what code runs (remote code, hub kernels, unpickling with `weights_only=False`) or where
@@ -28,6 +29,7 @@ from sqlalchemy.orm import Session
 from jobcore.db.models import File
 from jobcore.settings import Settings
 from server.errors import InvalidRequest
+from twinkle_core.dataset.hub import parse_dataset_id
 from twinkle_core.spec import JobSpec
 from twinkle_core.trackers import missing_library
 
@@ -92,6 +94,17 @@ def check_reference(
             "data.validation_file). Name a model by an absolute path under an allowed root or a hub id",
             param=param,
         )
+    if uploads and value.startswith(HUB_SCHEMES):
+        # Data from the hub is a dataset repository, read by the runner through `datasets`.
+        try:
+            parse_dataset_id(value)
+        except ValueError:
+            raise InvalidRequest(
+                f"{param}: '{value}' is not a hub dataset id; a dataset on the Hugging Face hub is "
+                "hf://datasets/org/name",
+                param=param,
+            ) from None
+        return
     if value.startswith("file-"):
         found = session.scalar(select(File.id).where(File.id == value, File.project_id == project_id))
         if found is None:
@@ -106,12 +119,18 @@ def check_reference(
     # By its spelling only: whatever exists relative to this process's working directory must
     # not turn a hub id into a path (the worker's runner would not read it from there either).
     looks_like_path = value.startswith(("/", ".", "~"))
-    if HUB_ID.match(value) and not looks_like_path:
+    if HUB_ID.match(value) and not looks_like_path and not uploads:
         return
-    if not looks_like_path:
+    if not looks_like_path and uploads:
         raise InvalidRequest(
             f"{param}: '{value}' is neither an uploaded file id (file-...), an absolute path under an "
-            "allowed root, nor a hub id (org/name, hf://org/name, ms://org/name)",
+            "allowed root, nor a hub dataset id (hf://datasets/org/name)",
+            param=param,
+        )
+    if not looks_like_path:
+        raise InvalidRequest(
+            f"{param}: '{value}' is neither an absolute path under an allowed root nor a hub id "
+            "(org/name, hf://org/name, ms://org/name)",
             param=param,
         )
     check_local_path(value, param, settings)

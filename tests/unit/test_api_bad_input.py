@@ -336,14 +336,17 @@ def test_an_uploaded_file_is_not_a_model(api: Api, field: str) -> None:
 def test_a_bare_hub_id_stays_a_hub_id_whatever_exists_in_the_cwd(
     api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # `org/tiny-llama` and `org/tiny-data` (spec_body's ids) also exist relative to the server's cwd.
+    # `org/tiny-llama` (spec_body's model id) also exists relative to the server's cwd, and so does
+    # `org/tiny-data`, which as data is refused: data from the hub is spelled hf://datasets/org/name.
     monkeypatch.chdir(tmp_path)
     (tmp_path / "org" / "tiny-llama").mkdir(parents=True)
     (tmp_path / "org" / "tiny-llama" / "config.json").write_text("{}")
     (tmp_path / "org" / "tiny-data").write_text('{"text": "local, not the hub"}\n')
     job = api.submit()
     assert job["spec"]["model"]["model_id"] == "org/tiny-llama"
-    assert job["spec"]["data"]["train_file"] == "org/tiny-data"
+    assert job["spec"]["data"]["train_file"] == "hf://datasets/org/tiny-data"
+    error = refused(api, with_spec(data={"train_file": "org/tiny-data"}))
+    assert error["param"] == "spec.data.train_file" and "hf://datasets/org/name" in error["message"]
     # Spelled as a relative path, it is a path, and a relative one is refused.
     error = refused(api, with_spec(model={"model_id": "./org/tiny-llama"}))
     assert error["param"] == "spec.model.model_id" and "must be absolute" in error["message"]
@@ -377,7 +380,9 @@ def test_model_kwargs_outside_the_allow_list_are_refused(api: Api, key: str, val
 def test_allowed_model_kwargs_are_accepted(api: Api) -> None:
     kwargs = {"attn_implementation": "sdpa", "dtype": "bfloat16", "low_cpu_mem_usage": True}
     kwargs["variant"] = "fp16"
-    job = api.submit(spec={"model": {"model_id": "org/m", "kwargs": kwargs}, "data": {"train_file": "org/d"}})
+    job = api.submit(
+        spec={"model": {"model_id": "org/m", "kwargs": kwargs}, "data": {"train_file": "hf://datasets/org/d"}}
+    )
     assert job["spec"]["model"]["kwargs"] == kwargs
 
 

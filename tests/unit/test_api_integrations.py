@@ -40,3 +40,47 @@ def test_unknown_and_repeated_trackers_are_422(api: Api) -> None:
     assert status == 422 and body["error"]["param"].startswith("spec.training.report_to")  # type: ignore[index]
     status, body = _post(api, report_to=["wandb", "wandb"])
     assert status == 422 and "repeated: wandb" in body["error"]["message"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("field", ["train_file", "validation_file"])
+def test_hub_datasets_are_accepted_in_the_hf_datasets_form_only(api: Api, field: str) -> None:
+    body = spec_body()
+    body["spec"]["data"].update(
+        {field: "hf://datasets/org-1/qa.v2", "columns": {"prompt": "question", "completion": "answer"}}
+    )
+    response = api.client.post("/v1/jobs", json=body, headers=api.admin)
+    assert response.status_code == 201, response.text
+    assert response.json()["spec"]["data"]["columns"] == {"prompt": "question", "completion": "answer"}
+    del body["spec"]["data"]["columns"]
+    for value in (
+        "org/qa",  # a bare id names a model; the runner could not read it as data
+        "hf://org/qa",
+        "ms://org/qa",
+        "hf://datasets/org",
+        "hf://datasets/org/qa/extra",
+        "hf://datasets/../qa",
+        "hf://datasets/org/qa?revision=x",
+    ):
+        body["spec"]["data"][field] = value
+        response = api.client.post("/v1/jobs", json=body, headers=api.admin)
+        assert response.status_code == 422, (value, response.text)
+        error = response.json()["error"]
+        assert error["param"] == f"spec.data.{field}" and "hf://datasets/org/name" in error["message"], value
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"train_file": "/data/train.jsonl", "split": "train"}, "data.split applies to a hub dataset"),
+        ({"columns": {"prompt": "q"}, "train_file": "/data/train.jsonl"}, "data.columns applies"),
+        ({"columns": {"question": "q"}}, "messages"),
+        ({"split": "train; rm -rf /"}, "pattern"),
+    ],
+)
+def test_hub_dataset_settings_are_checked_at_submit(api: Api, data: dict[str, object], message: str) -> None:
+    body = spec_body()
+    body["spec"]["data"].update(data)
+    response = api.client.post("/v1/jobs", json=body, headers=api.admin)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["param"].startswith("spec.data") and message in error["message"], error

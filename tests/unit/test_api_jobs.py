@@ -149,7 +149,7 @@ def test_paths_inside_the_allowed_roots_and_hub_ids_are_accepted(api: Api, tmp_p
     data.write_text('{"text": "hello"}\n')
     body = spec_body()
     body["spec"]["data"]["train_file"] = str(data)
-    body["spec"]["data"]["validation_file"] = "hf://org/val-set"
+    body["spec"]["data"]["validation_file"] = "hf://datasets/org/val-set"
     body["spec"]["model"]["model_id"] = "ms://Qwen/Qwen3-0.6B"
     response = api.client.post("/v1/jobs", json=body, headers=api.admin)
     assert response.status_code == 201, response.text

@@ -170,7 +170,12 @@ def test_a_write_on_a_dead_connection_is_a_clean_503_and_the_next_one_works(api:
 
 
 def _body() -> dict[str, object]:
-    return {"spec": {"model": {"model_id": "org/tiny-llama"}, "data": {"train_file": "org/tiny-data"}}}
+    return {
+        "spec": {
+            "model": {"model_id": "org/tiny-llama"},
+            "data": {"train_file": "hf://datasets/org/tiny-data"},
+        }
+    }
 
 
 # ------------------------------------------------------------- a page in a fixed number of queries

@@ -41,7 +41,10 @@ def spec_body(**overrides: Any) -> dict[str, Any]:
     """A minimal valid job body: a hub model id and a hub dataset id (never downloaded here)."""
     body: dict[str, Any] = {
         "name": "demo",
-        "spec": {"model": {"model_id": "org/tiny-llama"}, "data": {"train_file": "org/tiny-data"}},
+        "spec": {
+            "model": {"model_id": "org/tiny-llama"},
+            "data": {"train_file": "hf://datasets/org/tiny-data"},
+        },
     }
     body.update(overrides)
     return body
