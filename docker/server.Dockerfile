@@ -12,7 +12,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     TWINKLE_DATA_DIR=/data \
-    HF_HOME=/data/hf-cache
+    HF_HOME=/data/hf-cache \
+    TWINKLE_HUB_CACHE=/data/hub-cache
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 

@@ -16,6 +16,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     TWINKLE_DATA_DIR=/data \
     HF_HOME=/data/hf-cache \
+    TWINKLE_HUB_CACHE=/data/hub-cache \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
