@@ -76,7 +76,13 @@ def list_projects(
     only = None if principal.is_operator else principal.project_id
     cursor = None
     if after is not None:
-        anchor = get_project(session, principal, after, param="after")
+        # An unknown cursor is bad input (422), as in every other list of the API.
+        try:
+            anchor = get_project(session, principal, after, param="after")
+        except NotFound:
+            raise InvalidRequest(
+                f"after: no project '{after}' that this token administers", param="after"
+            ) from None
         cursor = (anchor.created_at, anchor.id)
     return split_page(repository.list_projects(session, only, cursor, limit), limit)
 
@@ -152,7 +158,12 @@ def list_tokens(
         project_id = None if principal.is_operator else principal.project_id
     cursor: tuple[datetime, str] | None = None
     if after is not None:
-        anchor = get_token(session, principal, after, param="after")
+        try:
+            anchor = get_token(session, principal, after, param="after")
+        except NotFound:
+            raise InvalidRequest(
+                f"after: no token '{after}' that this token administers", param="after"
+            ) from None
         cursor = (anchor.created_at, anchor.id)
     return split_page(repository.list_tokens(session, project_id, cursor, limit), limit)
 
