@@ -3,8 +3,6 @@ back with tensorboard's and mlflow's own readers."""
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,18 +71,6 @@ def test_two_rank_job_reports_its_metrics_to_tensorboard_and_mlflow(
     for name, records, key in (("train/loss", steps, "loss"), ("eval/loss", evals, "eval_loss")):
         history = client.get_metric_history(run.info.run_id, name)
         assert [(m.step, m.value) for m in history] == [(e["step"], e[key]) for e in records], name
-
-
-@pytest.fixture()
-def run_main(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    from twinkle_core import train
-
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.delenv("RANK", raising=False)
-    yield train.main
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
 
 
 def test_a_tracker_library_missing_on_the_worker_fails_the_job_as_a_user_error(

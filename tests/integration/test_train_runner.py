@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -249,19 +248,6 @@ def test_sigterm_checkpoints_and_stops_a_lora_fsdp2_job(tmp_path: Path, tiny_mod
 
 
 # ------------------------------------------------------------- in-process: errors, 1 rank
-@pytest.fixture()
-def run_main(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """Call the runner's main() in this process, restoring the signal handlers it installs."""
-    from twinkle_core import train
-
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.delenv("RANK", raising=False)
-    yield train.main
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
-
-
 def test_single_process_job_runs_to_done(
     tmp_path: Path, tiny_model_dir: Path, data_dir: Path, run_main: Any
 ) -> None:
