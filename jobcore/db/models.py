@@ -159,6 +159,11 @@ class Job(Base):
     progress_cursor: Mapped[int] = mapped_column(BigInteger, default=0)
     # Bytes the job's directory (checkpoints, logs) takes on disk; refreshed by the worker.
     disk_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    # The cluster engine the attempt was handed to ("ray", "slurm"; null when our own workers
+    # run it), the job's id there and its last state there, as that engine spells them.
+    engine: Mapped[str | None] = mapped_column(String(16), default=None)
+    engine_job_id: Mapped[str | None] = mapped_column(String(128), default=None)
+    engine_state: Mapped[str | None] = mapped_column(String(32), default=None)
 
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

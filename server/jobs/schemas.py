@@ -9,6 +9,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from jobcore.jobs.engine import Engine
 from jobcore.jobs.events import EVENT_TYPES
 from jobcore.jobs.states import JobAction, JobStatus
 from server.common.pagination import ListEnvelope
@@ -124,6 +125,14 @@ class JobError(BaseModel):
     message: str
 
 
+class EngineRef(BaseModel):
+    """The cluster engine running the job, when a worker handed it to one."""
+
+    name: Engine
+    job_id: str | None = Field(description="The job's id in the engine (Slurm job id, Ray placement group)")
+    state: str | None = Field(description="The engine's last reported state, as the engine spells it")
+
+
 class JobOut(BaseModel):
     id: str
     object: Literal["job"] = "job"
@@ -151,6 +160,9 @@ class JobOut(BaseModel):
     latest_checkpoint: CheckpointRef | None
     best_checkpoint: CheckpointRef | None
     resume_from: str | None = Field(description="Checkpoint directory the next run resumes from")
+    engine: EngineRef | None = Field(
+        default=None, description="Set while and after a cluster engine (Ray, Slurm) runs the job"
+    )
     error: JobError | None
     created_at: datetime
     updated_at: datetime

@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -23,6 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from jobcore.db.models import Checkpoint, Job, JobEvent, Project
+from jobcore.jobs.engine import Engine
 from jobcore.jobs.lifecycle import transition
 from jobcore.jobs.locks import lock_project
 from jobcore.jobs.states import (
@@ -41,7 +42,7 @@ from server.deps import after_commit
 from server.errors import Conflict, InvalidRequest, NotFound, RateLimited
 from server.jobs import repository
 from server.jobs.references import check_spec
-from server.jobs.schemas import CheckpointRef, JobClone, JobCreate, JobError, JobOut, Progress
+from server.jobs.schemas import CheckpointRef, EngineRef, JobClone, JobCreate, JobError, JobOut, Progress
 from twinkle_core.spec import JobSpec
 
 Dispatch = Callable[[str], None]
@@ -419,6 +420,7 @@ def present_jobs(
                 latest_checkpoint=_checkpoint_ref(ref.latest),
                 best_checkpoint=_checkpoint_ref(ref.best),
                 resume_from=job.resume_from,
+                engine=_engine_ref(job),
                 error=error,
                 created_at=job.created_at,
                 updated_at=job.updated_at,
@@ -427,6 +429,12 @@ def present_jobs(
             )
         )
     return out
+
+
+def _engine_ref(job: Job) -> EngineRef | None:
+    if job.engine is None:
+        return None
+    return EngineRef(name=cast(Engine, job.engine), job_id=job.engine_job_id, state=job.engine_state)
 
 
 def read_job(session: Session, principal: Principal, job_id: str) -> JobOut:

@@ -176,6 +176,14 @@ export async function mount(root, { params, navigate }) {
       job.queue_position
         ? stat("Queue position", String(job.queue_position), "queue")
         : stat("Started", formatShortTime(job.started_at), "started"),
+      // A job handed to Ray or Slurm: the engine's own id and state, to find it there.
+      job.engine
+        ? stat(
+            `On ${job.engine.name}`,
+            `${job.engine.job_id ?? "—"} · ${job.engine.state ?? "—"}`,
+            "engine",
+          )
+        : null,
     );
     replace(
       errorSlot,
