@@ -21,6 +21,7 @@ from jobcore.broker import send_wakeup
 from jobcore.db import migrate
 from jobcore.db.session import make_engine
 from jobcore.settings import Settings, get_settings
+from server.artifacts.router import router as artifacts_router
 from server.auth.ratelimit import make_rate_limiter
 from server.auth.service import DEFAULT_PROJECT, register_token
 from server.checkpoints.router import router as checkpoints_router
@@ -156,6 +157,7 @@ def create_app(settings: Settings | None = None, dispatch: Callable[[str], None]
         jobs_router,
         progress_router,
         checkpoints_router,
+        artifacts_router,
         files_router,
         cluster_router,
         openai_router,

@@ -357,6 +357,32 @@ def jobs_logs(ctx: click.Context, job_id: str, lines: int, attempt: int | None, 
     _emit(logs, output, text)
 
 
+@jobs.command("artifacts")
+@click.argument("job_id")
+@click.option(
+    "--download",
+    "name",
+    type=click.Choice(["tensorboard", "mlflow", "wandb"]),
+    default=None,
+    help="Save this tracker's output as a tar.gz instead of listing",
+)
+@click.option("--dest", type=click.Path(path_type=Path), default=None, help="Archive path [JOB-NAME.tar.gz]")
+@OUTPUT
+@click.pass_context
+@handle_api_errors
+def jobs_artifacts(ctx: click.Context, job_id: str, name: str | None, dest: Path | None, output: str) -> None:
+    """List what the job's experiment trackers wrote, or download one (`--download tensorboard`)."""
+    client = _client(ctx)
+    if name is None:
+        items = client.jobs.artifacts(job_id)
+        _emit(items, output, [f"{a['name']}  {a['files']} files  {a['size_bytes']} bytes" for a in items])
+        return
+    path = client.jobs.download_artifact(job_id, name, dest or Path(f"{job_id}-{name}.tar.gz"))
+    _emit(
+        {"job_id": job_id, "name": name, "path": str(path), "bytes": path.stat().st_size}, output, [str(path)]
+    )
+
+
 @jobs.command("events")
 @click.argument("job_id")
 @click.option("--follow", is_flag=True, help="Keep printing until the job ends")

@@ -43,6 +43,11 @@ LIBRARIES: dict[str, tuple[str, str]] = {
     "wandb": ("wandb", "wandb"),
 }
 TENSORBOARD_DIR = "tensorboard"
+MLFLOW_DB = "mlflow.db"
+WANDB_DIR = "wandb"
+# What each tracker leaves in the job directory by default (a directory or one file), which the
+# API offers for download: `GET /v1/jobs/{id}/artifacts`.
+JOB_DIR_OUTPUTS: dict[str, str] = {"tensorboard": TENSORBOARD_DIR, "mlflow": MLFLOW_DB, "wandb": WANDB_DIR}
 DEFAULT_PROJECT = "twinkle-jobs"
 
 
@@ -87,7 +92,7 @@ class MLflowTracker:
     def __init__(self, job_dir: Path, job_id: str, params: dict[str, Any] | None = None) -> None:
         from mlflow.tracking import MlflowClient
 
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{job_dir / 'mlflow.db'}"
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{job_dir / MLFLOW_DB}"
         self.client = MlflowClient(tracking_uri=uri)
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_PROJECT
         experiment = self.client.get_experiment_by_name(name)
@@ -126,7 +131,7 @@ class WandbTracker:
 
         self.run = wandb.init(
             mode="online" if os.environ.get("WANDB_API_KEY") else "offline",
-            dir=str(job_dir),
+            dir=str(job_dir),  # wandb writes into <dir>/wandb (WANDB_DIR)
             project=os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT,
             name=job_id,
             id=re.sub(r"[^A-Za-z0-9_-]", "-", job_id)[:64],

@@ -111,6 +111,21 @@ class TwinkleClient:
                 continue
             raise _error_from(response)
 
+    def download(self, path: str, dest: str | Path) -> Path:
+        """Stream a GET of `path` into the file `dest`, through `dest.part` so a broken download
+        never leaves a file that looks complete; returns `dest`."""
+        dest = Path(dest)
+        tmp = dest.with_name(dest.name + ".part")
+        response = self.request("GET", path, stream=True)
+        try:
+            with tmp.open("wb") as fh:
+                for chunk in response.iter_bytes():
+                    fh.write(chunk)
+        finally:
+            response.close()
+        tmp.replace(dest)
+        return dest
+
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.request(method, path, **kwargs).json()
 
@@ -291,6 +306,14 @@ class Jobs(_Resource):
         result: Json = self._c.json("GET", f"/v1/jobs/{job_id}/logs", params=params)
         return result
 
+    def artifacts(self, job_id: str) -> builtins.list[Json]:
+        """What the job's trackers (`training.report_to`) wrote: `[{"name", "path", "files", ...}]`."""
+        return list(self._c.json("GET", f"/v1/jobs/{job_id}/artifacts")["data"])
+
+    def download_artifact(self, job_id: str, name: str, dest: str | Path) -> Path:
+        """Save tracker `name`'s output (tensorboard, mlflow, wandb) as a tar.gz at `dest`."""
+        return self._c.download(f"/v1/jobs/{job_id}/artifacts/{name}", dest)
+
     def follow(
         self,
         job_id: str,
@@ -420,19 +443,7 @@ class Checkpoints(_Resource):
 
     def download(self, job_id: str, checkpoint_id: str, dest: str | Path) -> Path:
         """Stream the checkpoint archive to `dest` (a file path); returns it."""
-        dest = Path(dest)
-        tmp = dest.with_name(dest.name + ".part")
-        response = self._c.request(
-            "GET", f"/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/download", stream=True
-        )
-        try:
-            with tmp.open("wb") as fh:
-                for chunk in response.iter_bytes():
-                    fh.write(chunk)
-        finally:
-            response.close()
-        tmp.replace(dest)
-        return dest
+        return self._c.download(f"/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/download", dest)
 
 
 class Workers(_Resource):
