@@ -8,7 +8,11 @@ image's CUDA torch comes from its base image, the server image's CPU torch from 
 finds already satisfied; a dependency that wanted another torch then fails the build instead of
 silently pulling a different (multi-GB, wrong-CUDA) wheel.
 
-Usage: runtime_requirements.py PYPROJECT [--keep-installed NAME ...] > requirements.txt
+`--extra NAME` adds the packages of `[project.optional-dependencies].NAME` (the images install
+`trackers`, so `training.report_to` works on the server that validates it and the workers that
+write it); an extra pyproject does not define is an error, not silently nothing.
+
+Usage: runtime_requirements.py PYPROJECT [--keep-installed NAME ...] [--extra NAME ...] > requirements.txt
 """
 
 from __future__ import annotations
@@ -36,13 +40,21 @@ def requirement_name(requirement: str) -> str:
     return canonical_name(match.group(1))
 
 
-def runtime_requirements(pyproject: Path, keep_installed: list[str]) -> list[str]:
-    """The `[project].dependencies` of `pyproject`, with each `keep_installed` package pinned as installed."""
+def runtime_requirements(
+    pyproject: Path, keep_installed: list[str], extras: list[str] | None = None
+) -> list[str]:
+    """The `[project].dependencies` of `pyproject` and of the named `extras`, with each
+    `keep_installed` package pinned as installed."""
     with pyproject.open("rb") as handle:
         project = tomllib.load(handle).get("project", {})
     dependencies = project.get("dependencies")
     if not isinstance(dependencies, list) or not dependencies:
         raise ValueError(f"{pyproject}: [project].dependencies is missing or empty")
+    optional = project.get("optional-dependencies", {})
+    for extra in extras or []:
+        if extra not in optional:
+            raise ValueError(f"--extra {extra}: pyproject defines no such extra (it has {sorted(optional)})")
+        dependencies = [*dependencies, *optional[extra]]
     keep = {canonical_name(name) for name in keep_installed}
     declared = {requirement_name(dep) for dep in dependencies}
     undeclared = sorted(keep - declared)
@@ -70,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("pyproject", type=Path)
     parser.add_argument("--keep-installed", action="append", default=[], metavar="NAME")
+    parser.add_argument("--extra", action="append", default=[], metavar="NAME")
     args = parser.parse_args(argv)
     try:
-        lines = runtime_requirements(args.pyproject, args.keep_installed)
+        lines = runtime_requirements(args.pyproject, args.keep_installed, args.extra)
     except (OSError, ValueError) as exc:
         print(f"runtime_requirements: {exc}", file=sys.stderr)
         return 1

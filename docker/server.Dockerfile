@@ -21,9 +21,10 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # pins it as installed so no other dependency can pull a CUDA build from PyPI.
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu
 
-# Dependencies in their own layer: built from pyproject.toml alone, so a code change reuses it.
+# Dependencies in their own layer (with the `trackers` extra: training.report_to must work out of
+# the box, and the server refuses a tracker whose library it lacks): built from pyproject.toml alone, so a code change reuses it.
 COPY pyproject.toml docker/runtime_requirements.py /tmp/build/
-RUN python /tmp/build/runtime_requirements.py /tmp/build/pyproject.toml --keep-installed torch \
+RUN python /tmp/build/runtime_requirements.py /tmp/build/pyproject.toml --keep-installed torch --extra trackers \
         > /tmp/build/requirements.txt \
     && pip install --no-cache-dir -r /tmp/build/requirements.txt \
     && rm -rf /tmp/build

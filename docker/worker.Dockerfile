@@ -21,11 +21,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# Dependencies in their own layer, torch pinned to the base image's build. The final check fails
+# Dependencies in their own layer (with the `trackers` extra: training.report_to must work out of
+# the box, and the server refuses a tracker whose library it lacks), torch pinned to the base image's build. The final check fails
 # the build if that torch lost CUDA or changed version (e.g. a dependency forced a reinstall).
 COPY pyproject.toml docker/runtime_requirements.py /tmp/build/
 RUN torch_before="$(python -c 'import torch; print(torch.__version__)')" \
-    && python /tmp/build/runtime_requirements.py /tmp/build/pyproject.toml --keep-installed torch \
+    && python /tmp/build/runtime_requirements.py /tmp/build/pyproject.toml --keep-installed torch --extra trackers \
         > /tmp/build/requirements.txt \
     && pip install --no-cache-dir -r /tmp/build/requirements.txt \
     && python -c "import sys, torch; sys.exit(0 if torch.version.cuda and torch.__version__ == sys.argv[1] else \

@@ -370,3 +370,19 @@ def test_entrypoint_refuses_the_placeholder_secrets_of_env_example(tmp_path: Pat
         result = run_entrypoint(TWINKLE_DATA_DIR=str(tmp_path), **{name: example[name]})
         assert result.returncode == 1 and "ran" not in result.stdout, name
         assert "change-me" in result.stderr
+
+
+def test_requirements_add_the_named_extras_and_refuse_an_unknown_one() -> None:
+    import tomllib
+
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    lines = runtime_requirements.runtime_requirements(ROOT / "pyproject.toml", ["torch"], ["trackers"])
+    assert set(optional["trackers"]) <= set(lines)
+    with pytest.raises(ValueError, match="--extra nope: pyproject defines no such extra"):
+        runtime_requirements.runtime_requirements(ROOT / "pyproject.toml", ["torch"], ["nope"])
+
+
+@pytest.mark.parametrize("image", ["server", "worker"])
+def test_images_install_the_trackers_extra(image: str) -> None:
+    text = (ROOT / "docker" / f"{image}.Dockerfile").read_text()
+    assert "runtime_requirements.py /tmp/build/pyproject.toml --keep-installed torch --extra trackers" in text
