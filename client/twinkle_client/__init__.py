@@ -5,6 +5,10 @@
     job = client.jobs.create(spec={...}, name="first")
     for event in client.jobs.follow(job["id"]):
         print(event["message"])
+    # once it succeeded: chat with the job's model (or "JOB_ID:ckpt-STEP"), token by token
+    model = client.inference.job_model(job["id"])
+    for delta in client.inference.chat(model, [{"role": "user", "content": "Hi"}], stream=True):
+        print(delta, end="")
 
 Retries 429 and 5xx responses and connection errors with exponential back-off (honouring
 `Retry-After`), sends an idempotency key with every create (job, clone, file upload) so that a
@@ -12,5 +16,6 @@ retried create cannot make two, and raises `APIError` carrying the server's erro
 """
 
 from twinkle_client.client import APIError, TwinkleClient
+from twinkle_client.inference import StreamError, TextStream, checkpoint_model
 
-__all__ = ["APIError", "TwinkleClient"]
+__all__ = ["APIError", "StreamError", "TextStream", "TwinkleClient", "checkpoint_model"]

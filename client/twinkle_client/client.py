@@ -17,6 +17,7 @@ from typing import IO, Any
 
 import httpx
 
+from twinkle_client.inference import Inference
 from twinkle_client.sse import Message, read_messages
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -71,6 +72,7 @@ class TwinkleClient:
         self.workers = Workers(self)
         self.projects = Projects(self)
         self.tokens = Tokens(self)
+        self.inference = Inference(self)
 
     def close(self) -> None:
         self._http.close()
