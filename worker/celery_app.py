@@ -41,6 +41,9 @@ def make_celery(settings: Settings) -> Celery:
         worker_prefetch_multiplier=1,
         task_default_queue=QUEUE,
         broker_connection_retry_on_startup=True,
+        # Forever (None), not Celery's 100 tries: a worker started before its broker (an
+        # orchestrator starts everything at once; Redis restarts) waits, logging each retry.
+        broker_connection_max_retries=None,
         worker_hijack_root_logger=False,
         # Only matters for Redis: a message unacknowledged this long is redelivered. Wake-ups are
         # acknowledged within seconds, and a redelivery is harmless (nothing left to claim).
