@@ -12,16 +12,25 @@ from __future__ import annotations
 import builtins
 import json
 from collections.abc import Generator, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import Any, Literal, Protocol, overload
 
 import httpx
 
 from twinkle_client.sse import read_messages
 
-if TYPE_CHECKING:
-    from twinkle_client.client import TwinkleClient
-
 Json = dict[str, Any]
+
+
+class Transport(Protocol):
+    """What `Inference` needs of `TwinkleClient` (a protocol: client.py imports this module)."""
+
+    timeout: float
+
+    def request(self, method: str, path: str, *, stream: bool = False, **kwargs: Any) -> httpx.Response: ...
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any: ...
+
+
 # Generation can outlast the client's default timeout: loading a model, then writing
 # max_tokens tokens. A stream's read timeout is the longest silence between two tokens.
 GENERATION_TIMEOUT = 600.0
@@ -123,7 +132,7 @@ def message_text(completion: Json, index: int = 0) -> str:
 class Inference:
     """`client.inference`: chat and text completions from fine-tuned models."""
 
-    def __init__(self, client: TwinkleClient) -> None:
+    def __init__(self, client: Transport) -> None:
         self._c = client
 
     def models(self) -> builtins.list[Json]:
