@@ -125,6 +125,7 @@ def _sigterm_as_interrupt() -> None:
 
 
 def _register_resource_commands() -> None:
+    from twinkle_cli.chat import chat
     from twinkle_cli.projects import projects
     from twinkle_cli.resources import checkpoints, files, jobs
     from twinkle_cli.tokens import tokens
@@ -134,6 +135,7 @@ def _register_resource_commands() -> None:
     cli.add_command(jobs)
     cli.add_command(files)
     cli.add_command(checkpoints)
+    cli.add_command(chat)
 
 
 _register_resource_commands()
