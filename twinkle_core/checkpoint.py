@@ -74,6 +74,21 @@ def finalize(temp_dir: Path, final_dir: Path) -> Path:
     return final_dir
 
 
+def hf_model_dir(checkpoint_dir: str | Path) -> Path:
+    """A directory of plain Hugging Face files for the complete checkpoint `checkpoint_dir`:
+    what `AutoModelForCausalLM.from_pretrained` (full weights) or `PeftModel.from_pretrained`
+    (a LoRA adapter) loads, with the checkpoint's config and tokenizer.
+
+    The one way for readers outside the training loop (inference, export, `model_id=<checkpoint>`)
+    to get at a checkpoint's weights, so that they need not know its layout. A checkpoint with
+    HF weights at its top level is its own answer.
+    """
+    path = Path(checkpoint_dir)
+    if not is_complete(path):
+        raise ValueError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker)")
+    return path
+
+
 def read_trainer_state(path: str | Path) -> dict[str, Any]:
     state_file = Path(path) / TRAINER_STATE_FILE
     if not state_file.is_file():
