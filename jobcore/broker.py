@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 QUEUE = "twinkle"
 WAKE_TASK = "worker.wake"
+# Export a checkpoint as a Hugging Face model (the export id alone; the exports table says what).
+EXPORT_TASK = "worker.export"
 # kombu's SQLAlchemy transport polls its table this often (about 0.2 s of dispatch latency).
 SQLA_POLL_SECONDS = 0.2
 
@@ -67,14 +69,24 @@ def _producer(broker_url: str) -> Celery:
 def send_wakeup(job_id: str, settings: Settings | None = None) -> None:
     """Wake a worker for `job_id`. Never raises: the job is already queued in SQL, and every
     worker polls the queue each heartbeat, so a broker outage only delays it."""
+    _send(WAKE_TASK, job_id, settings)
+
+
+def send_export(export_id: str, settings: Settings | None = None) -> None:
+    """Ask a worker to make export `export_id`. Never raises, like the wake-up: the export is
+    already `pending` in SQL, and workers pick up pending exports at their heartbeat."""
+    _send(EXPORT_TASK, export_id, settings)
+
+
+def _send(task: str, row_id: str, settings: Settings | None) -> None:
     settings = settings or get_settings()
     try:
         _producer(settings.resolved_broker_url).send_task(
-            WAKE_TASK,
-            args=[job_id],
+            task,
+            args=[row_id],
             queue=QUEUE,
             retry=True,
             retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
         )
     except Exception as exc:
-        log.warning("could not send the wake-up for %s (a worker poll will pick it up): %s", job_id, exc)
+        log.warning("could not send %s for %s (a worker poll will pick it up): %s", task, row_id, exc)

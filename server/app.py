@@ -17,7 +17,7 @@ from fastapi.routing import APIRoute
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobcore.broker import send_wakeup
+from jobcore.broker import send_export, send_wakeup
 from jobcore.db import migrate
 from jobcore.db.session import make_engine
 from jobcore.settings import Settings, get_settings
@@ -33,6 +33,7 @@ from server.common.middleware import RequestContextMiddleware
 from server.common.ratelimit_headers import RateLimitHeadersMiddleware
 from server.dashboard.router import router as dashboard_router
 from server.errors import install_error_handlers
+from server.exports.router import router as exports_router
 from server.files.router import MULTIPART_OVERHEAD
 from server.files.router import router as files_router
 from server.jobs.router import router as jobs_router
@@ -143,6 +144,8 @@ def create_app(settings: Settings | None = None, dispatch: Callable[[str], None]
     app.state.engine = engine
     app.state.session_factory = session_factory
     app.state.dispatch = dispatch or default_dispatch(settings)
+    # Checkpoint exports go to a worker through the broker's export task (tests replace it).
+    app.state.export_dispatch = lambda export_id: send_export(export_id, settings)
     # Per-token rate limits: shared in Redis when one is configured, else counted per process.
     app.state.rate_limits = make_rate_limiter(settings.resolved_rate_limit_url)
     app.state.latency = ApiLatency()
@@ -157,6 +160,7 @@ def create_app(settings: Settings | None = None, dispatch: Callable[[str], None]
         jobs_router,
         progress_router,
         checkpoints_router,
+        exports_router,
         artifacts_router,
         files_router,
         cluster_router,

@@ -22,6 +22,7 @@ from jobcore.jobs.spec import resources_of
 from jobcore.settings import Settings
 from worker import gang, reconciler, retention, webhooks
 from worker.claim import claim_next_job
+from worker.exports import Exporter
 from worker.gang_node import NodeSupervisor
 from worker.gpus import GpuLedger, discover_gpus
 from worker.launch import DEFAULT_RUNNER
@@ -43,6 +44,7 @@ class WorkerAgent:
         self.ledger = GpuLedger(discover_gpus(settings.worker_gpus), slots or settings.worker_slots)
         self.runner = runner or os.environ.get(RUNNER_ENV) or DEFAULT_RUNNER
         self.supervisors: dict[str, Supervisor | NodeSupervisor] = {}
+        self.exporter = Exporter(settings, self.worker_id)  # checkpoint exports, its own thread
         self._claim_lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -78,6 +80,7 @@ class WorkerAgent:
         reconciler.reconcile(self.settings, me=self.worker_id)
         self._thread.start()
         self._webhook_thread.start()
+        self.exporter.start()
         self.claim_available()
 
     def stop(self, timeout: float | None = None) -> None:
@@ -88,6 +91,7 @@ class WorkerAgent:
         supervisors = list(self.supervisors.values())
         for sup in supervisors:
             sup.request_shutdown()
+        self.exporter.stop()
         deadline = time.monotonic() + (timeout or self.settings.cancel_grace_seconds + 30)
         for sup in supervisors:
             sup.thread.join(max(0.0, deadline - time.monotonic()))

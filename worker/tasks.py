@@ -23,6 +23,16 @@ def wake(job_id: str) -> int:
     return agent.claim_available(hint=job_id)
 
 
+@shared_task(name="worker.export", ignore_result=True)
+def export(export_id: str) -> None:
+    """Make a pending export soon (the id is a hint: the exporter takes pending ones in order)."""
+    agent = current_agent()
+    if agent is None:
+        log.warning("export request %s reached a process without a worker agent; ignored", export_id)
+        return
+    agent.exporter.poke()
+
+
 @shared_task(name="worker.reconcile", ignore_result=True)
 def reconcile() -> list[str]:
     """Periodic (beat): take back the jobs of lost workers."""

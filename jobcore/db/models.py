@@ -232,6 +232,38 @@ class Checkpoint(Base):
     __table_args__ = (UniqueConstraint("job_id", "step", name="uq_checkpoints_job_step"),)
 
 
+class Export(Base):
+    """A checkpoint exported as a standalone Hugging Face model folder, made by a worker.
+
+    One row per (checkpoint, kind): asking again answers with the same export (a failed one is
+    retried). `kind` is `full` (a full fine-tune), `merged` (LoRA folded into its base) or
+    `adapter` (the LoRA adapter alone)."""
+
+    __tablename__ = "exports"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=lambda: new_id("export"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    checkpoint_id: Mapped[str] = mapped_column(ForeignKey("checkpoints.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending|running|succeeded|failed
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    path: Mapped[str | None] = mapped_column(Text, default=None)  # the folder, once succeeded
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    worker_id: Mapped[str | None] = mapped_column(String(64), default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Written by the exporting worker while it runs: a stale one means the worker was lost.
+    heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
+
+    __table_args__ = (
+        UniqueConstraint("checkpoint_id", "kind", name="uq_exports_checkpoint_kind"),
+        Index("ix_exports_job_created", "job_id", "created_at", "id"),
+        Index("ix_exports_status", "status"),
+    )
+
+
 class WorkerNode(Base):
     """A registered worker process: its host, GPUs and slots, kept alive by heartbeats."""
 

@@ -1,0 +1,1 @@
+"""Exports of checkpoints as standalone Hugging Face models: request, follow, download."""
