@@ -7,7 +7,7 @@ in `data: [DONE]`), errors in the service's envelope, and `/v1/fine_tuning/jobs/
 words of the prompt, so answers are predictable. The real endpoints are tested end to end in the
 integration and browser tests.
 
-A stream writes one word every `TOKEN_DELAY` seconds and counts itself in `state.active` while it
+A stream writes one word every `state.token_delay` seconds and counts itself in `state.active` while it
 runs, so a test can see a closed client stop the generation.
 """
 
@@ -38,6 +38,7 @@ TOKEN_DELAY = 0.02
 @dataclass
 class State:
     active: int = 0  # streams generating now
+    token_delay: float = TOKEN_DELAY
     requests: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -73,7 +74,8 @@ def make_app(state: State) -> FastAPI:
 
     @app.middleware("http")
     async def auth(request: Request, call_next: Any) -> Any:
-        if request.headers.get("authorization") != f"Bearer {TOKEN}":
+        authorized = request.headers.get("authorization") == f"Bearer {TOKEN}"
+        if request.url.path.startswith("/v1/") and not authorized:
             return _error(401, "missing or invalid token", None, "invalid_token")
         return await call_next(request)
 
@@ -155,7 +157,7 @@ def make_app(state: State) -> FastAPI:
                 for word in words:
                     for i in range(n):
                         yield chunk(i, word, None)
-                    await asyncio.sleep(TOKEN_DELAY)
+                    await asyncio.sleep(state.token_delay)
                 for i in range(n):
                     yield chunk(i, None, "length")
                 yield "data: [DONE]\n\n"
@@ -181,15 +183,17 @@ class Standin:
     state: State
 
 
-def serve_standin() -> Iterator[Standin]:
-    """Run the stand-in on a free port in a thread until the generator is closed."""
+def serve_standin(app: FastAPI | None = None, state: State | None = None) -> Iterator[Standin]:
+    """Run the stand-in (or `app` built on `make_app(state)`) on a free port in a thread until
+    the generator is closed."""
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    state = State()
-    server = uvicorn.Server(uvicorn.Config(make_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    state = state or State()
+    app = app or make_app(state)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

@@ -1,5 +1,5 @@
 // One job: status and actions, progress with ETA, live loss / learning-rate charts fed by the
-// event stream, checkpoints, events, logs and the resolved spec.
+// event stream, checkpoints, events, a playground to talk to the model, logs and the resolved spec.
 
 import { getJson, postJson, request } from "../lib/api.js";
 import { LiveChart } from "../lib/chart.js";
@@ -8,6 +8,7 @@ import { formatDuration, formatNumber, formatShortTime, jobDuration } from "../l
 import { followEventStream } from "../lib/sse.js";
 import { busy, copyButton, errorBox, poll, progressBar, statusBadge, toast } from "../lib/ui.js";
 import { CheckpointsPanel, EventsPanel, LogsPanel, SamplesPanel } from "./job-panels.js";
+import { PlaygroundPanel } from "./playground.js";
 
 const POLL_MS = 2000;
 const LOG_POLL_MS = 3000;
@@ -67,6 +68,7 @@ export async function mount(root, { params, navigate }) {
   const events = new EventsPanel();
   const samples = new SamplesPanel(jobId);
   const logs = new LogsPanel(jobId);
+  const playground = new PlaygroundPanel(jobId);
 
   const title = h("h1", { class: "job-title" });
   const badge = h("span");
@@ -98,6 +100,7 @@ export async function mount(root, { params, navigate }) {
       h("div", { class: "charts" }, lossChart.el, lrChart.el),
       samples.el,
       h("div", { class: "split" }, checkpoints.el, events.el),
+      playground.el,
       logs.el,
       h(
         "details",
@@ -209,6 +212,7 @@ export async function mount(root, { params, navigate }) {
       checkpoints.refresh(job.actions);
       logs.refresh();
       loadMetrics();
+      playground.refresh(job); // the final model, once it succeeded
     } else if (before !== job.status) {
       // pausing -> paused enables "Resume from here", running -> queued disables it.
       checkpoints.refresh(job.actions);
@@ -264,7 +268,10 @@ export async function mount(root, { params, navigate }) {
       if (typeof data.eval_loss === "number") lossChart.add("eval_loss", step, data.eval_loss);
       if (typeof data.lr === "number") lrChart.add("lr", step, data.lr);
     }
-    if (event.type === "checkpoint") checkpoints.refresh();
+    if (event.type === "checkpoint") {
+      checkpoints.refresh();
+      playground.refresh(job);
+    }
     if (event.type === "status") refreshJob();
   }
 
@@ -307,6 +314,7 @@ export async function mount(root, { params, navigate }) {
     loadMetrics().then(() => checkpoints.refresh(job.actions)),
     logs.refresh(),
     samples.refresh(),
+    playground.refresh(job),
   ]);
   for (const event of initialEvents.data.reverse()) events.add(event);
   events.render();
@@ -324,5 +332,6 @@ export async function mount(root, { params, navigate }) {
     lossChart.destroy();
     lrChart.destroy();
     events.destroy();
+    playground.destroy();
   };
 }
