@@ -6,9 +6,12 @@ inside the data dir, so one machine needs no database or broker server.
 
 from __future__ import annotations
 
+import os
+import secrets
 import socket
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -35,6 +38,11 @@ class SharedSettings(_Environment):
         default=None, description="S3-compatible endpoint (MinIO, Ceph, ...); default: AWS"
     )
     stale_after_seconds: float = Field(default=30.0, gt=0, description="Heartbeat age that marks a job lost")
+    serving_secret: str | None = Field(
+        default=None,
+        description="Bearer secret between the API server and serving hosts; unset: one generated "
+        "into the data dir (a local stack shares it)",
+    )
 
 
 class ServerSettings(_Environment):
@@ -84,7 +92,36 @@ class WorkerSettings(_Environment):
     )
 
 
-class Settings(SharedSettings, ServerSettings, WorkerSettings):
+class ServingSettings(_Environment):
+    """Read by a serving host (`twinkle-jobs serve`): where it listens, how much it keeps loaded."""
+
+    serving_host: str = Field(default="127.0.0.1", description="The interface the host listens on")
+    serving_port: int = Field(default=8001, ge=0, le=65535, description="0: any free port")
+    serving_url: str | None = Field(
+        default=None, description="The URL the API server reaches this host at; default: http://host:port"
+    )
+    serving_memory_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Bound on the parameter bytes of the models kept loaded (least recently used "
+        "evicted first); default: 80% of the GPU's memory, or half the machine's RAM without one",
+    )
+    serving_load_timeout: float = Field(
+        default=30.0,
+        ge=0,
+        description="How long a request waits for its model to load (then 503; the load goes on)",
+    )
+    serving_slots: int = Field(default=2, ge=1, description="Generations run at once")
+    serving_slot_timeout: float = Field(
+        default=30.0, ge=0, description="How long a request waits for a free generation slot (then 503)"
+    )
+    serving_heartbeat_seconds: float = Field(default=5.0, gt=0)
+    serving_engine: Literal["auto", "transformers", "vllm"] = Field(
+        default="auto", description="auto: vLLM when it imports on a CUDA host, else transformers"
+    )
+
+
+class Settings(SharedSettings, ServerSettings, WorkerSettings, ServingSettings):
     """Every TWINKLE_* setting, parsed once per process. The sections above say who reads which;
     one process (`twinkle-jobs up`) may be both server and worker, so they share one object."""
 
@@ -112,6 +149,30 @@ class Settings(SharedSettings, ServerSettings, WorkerSettings):
         if not url or url == "memory" or url.split("://", 1)[0] not in ("redis", "rediss", "unix"):
             return None
         return url
+
+    @property
+    def serving_secret_value(self) -> str:
+        """TWINKLE_SERVING_SECRET, else one kept in the data dir (created by the first reader, so the
+        server and the host of one machine agree without set-up)."""
+        if self.serving_secret:
+            return self.serving_secret
+        path = self.data_dir / "serving-secret"
+        if not path.exists():
+            # Written whole under a temporary name, then linked into place: a reader never sees
+            # a half-written secret, and of two first readers one secret wins (link refuses to
+            # replace).
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temp = path.with_name(f".serving-secret.{os.getpid()}.{secrets.token_hex(4)}")
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_urlsafe(32))
+            try:
+                os.link(temp, path)
+            except FileExistsError:
+                pass
+            finally:
+                temp.unlink()
+        return path.read_text().strip()
 
     @property
     def jobs_dir(self) -> Path:

@@ -128,6 +128,7 @@ def _register_resource_commands() -> None:
     from twinkle_cli.chat import chat
     from twinkle_cli.projects import projects
     from twinkle_cli.resources import checkpoints, files, jobs
+    from twinkle_cli.serve import serve
     from twinkle_cli.tokens import tokens
 
     cli.add_command(projects)
@@ -136,6 +137,7 @@ def _register_resource_commands() -> None:
     cli.add_command(files)
     cli.add_command(checkpoints)
     cli.add_command(chat)
+    cli.add_command(serve)
 
 
 _register_resource_commands()

@@ -279,6 +279,25 @@ class WorkerNode(Base):
     heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class ServingHost(Base):
+    """A running inference host (`twinkle-jobs serve`): where the API server relays generation
+    requests to. Registered at start, heartbeated with what it holds in memory; a host whose
+    heartbeat is older than `stale_after_seconds` is not live and gets no requests."""
+
+    __tablename__ = "serving_hosts"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=lambda: new_id("serve"))
+    url: Mapped[str] = mapped_column(Text)  # what the API server connects to
+    engine: Mapped[str] = mapped_column(String(32))  # transformers | vllm
+    # [{"checkpoint": "<dir>", "model": "<name>", "bytes": N}], most recently used first.
+    loaded: Mapped[list[Any]] = mapped_column(default=list)
+    loaded_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)  # the bound of what it keeps loaded
+    slots: Mapped[int] = mapped_column(Integer, default=1)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
 class WebhookDelivery(Base):
     """One attempt-tracked POST of a job's terminal state to its webhook_url."""
 

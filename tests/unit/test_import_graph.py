@@ -31,6 +31,7 @@ SERVICE = [
     "jobcore",
     "server",
     "worker",
+    "serving",
     "twinkle_cli",
     "twinkle_client",
     "migrations",
@@ -44,7 +45,8 @@ ALLOWED_IMPORTS = {
     "migrations": {"jobcore"},
     "server": {"jobcore", "twinkle_core"},
     "worker": {"jobcore", "twinkle_core"},
-    "twinkle_cli": {"jobcore", "server", "worker", "twinkle_client", "twinkle_core"},
+    "serving": {"jobcore", "twinkle_core"},
+    "twinkle_cli": {"jobcore", "server", "worker", "serving", "twinkle_client", "twinkle_core"},
 }
 
 

@@ -1,0 +1,89 @@
+"""The host's HTTP app: OpenAI's `POST /v1/chat/completions` and `POST /v1/completions` for the
+API server (authenticated by `Authorization: Bearer <serving secret>`), and `GET /healthz`.
+
+Each request names its checkpoint in the `twinkle` key; the host checks it (targets.py), gets
+the model from its cache (503 + Retry-After while it loads), renders and measures the prompt
+(400 over the context), takes a slot (503 + Retry-After when none frees) and answers as OpenAI
+does, streamed or whole.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from serving import answers
+from serving.engine import Engine
+from serving.errors import Unauthorized, install_error_handlers
+from serving.protocol import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    Answer,
+    ChatRequest,
+    Choice,
+    CompletionRequest,
+    chat_prompt_ids,
+    completion_prompt_ids,
+)
+from serving.targets import check_target
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def create_app(engine: Engine, *, secret: str, jobs_root: Path, allowed_roots: Sequence[Path]) -> FastAPI:
+    app = FastAPI(title="Twinkle Jobs serving host", docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+    expected = f"Bearer {secret}".encode()
+
+    def authorized(authorization: Annotated[str | None, Header()] = None) -> None:
+        if authorization is None or not hmac.compare_digest(authorization.encode(), expected):
+            raise Unauthorized("the serving secret is missing or wrong")
+
+    def is_authorized(authorization: str | None) -> bool:
+        return authorization is not None and hmac.compare_digest(authorization.encode(), expected)
+
+    @app.get("/healthz")
+    async def healthz(authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+        # Open to a load balancer's probe; what is loaded (checkpoint paths) only with the secret.
+        if not is_authorized(authorization):
+            return {"status": "ok"}
+        return {"status": "ok", **engine.health()}
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    async def chat_completions(body: ChatRequest) -> Response:
+        body.refuse_unsupported()
+        target = check_target(body.twinkle, jobs_root, allowed_roots)
+        loaded = await engine.model(target)
+        prompt = chat_prompt_ids(loaded.tokenizer, body.messages)
+        params = body.sampling(len(prompt), loaded.context_length, param="messages", default=None)
+        answer = Answer("chatcmpl", target.model, len(prompt), [Choice() for _ in range(params.n)])
+        generation = await engine.start(loaded, [prompt], params)
+        if body.stream:
+            stream = answers.stream_chat(generation, answer, body.include_usage)
+            return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+        return JSONResponse((await answers.collect(generation, answer)).chat_completion())
+
+    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    async def completions(body: CompletionRequest) -> Response:
+        body.refuse_unsupported()
+        target = check_target(body.twinkle, jobs_root, allowed_roots)
+        loaded = await engine.model(target)
+        texts = body.prompts
+        prompts = [completion_prompt_ids(loaded.tokenizer, p, i, len(texts) > 1) for i, p in enumerate(texts)]
+        longest = max(prompts, key=len)
+        params = body.sampling(
+            len(longest), loaded.context_length, param="prompt", default=COMPLETIONS_DEFAULT_MAX_TOKENS
+        )
+        choices = [Choice() for _ in range(len(prompts) * params.n)]
+        answer = Answer("cmpl", target.model, sum(len(p) for p in prompts), choices)
+        generation = await engine.start(loaded, prompts, params)
+        if body.stream:
+            stream = answers.stream_completion(generation, answer, body.include_usage)
+            return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+        return JSONResponse((await answers.collect(generation, answer)).text_completion())
+
+    return app

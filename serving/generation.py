@@ -1,0 +1,230 @@
+"""Generation with transformers: `model.generate` in a thread, its tokens streamed as text.
+
+Plain `generate` does the decoding (greedy, KV cache, the model's own kernels), so serving runs
+at its speed; the request's knobs are a logits processor (`SeededSampler`: temperature, top_p and
+the seed) and a stopping criterion (`ChoiceTracker`), which sees every new token of every choice
+the moment it exists: it turns tokens into text, ends a choice at EOS, at a stop sequence or at
+max_tokens, hands the text to the event loop, and ends the whole generation when the request is
+cancelled (a client that went away), so that its slot frees within one token.
+
+`n` choices of a prompt are one batch of n copies; the prompts of a completions request are
+generated one after the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import torch
+
+from serving.loading import LoadedModel, estimate_bytes, load_with_transformers
+from serving.sampling import ChoiceText, Delta, SamplingParams, SeededSampler, make_generator
+from serving.targets import Target
+
+log = logging.getLogger(__name__)
+
+_END = object()
+
+
+class ThreadedGeneration:
+    """A generation running in a thread: its deltas as an async iterator, `cancel()`, and
+    `finished`, a future resolved when the thread has ended (and so the slot may be reused)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.finished: asyncio.Future[None] = loop.create_future()
+
+    # -- the generating thread's side
+    def emit(self, item: Any) -> None:
+        self._post(self._queue.put_nowait, item)
+
+    def done(self) -> None:
+        def resolve(_: Any) -> None:
+            if not self.finished.done():
+                self.finished.set_result(None)
+
+        self._post(resolve, None)
+
+    def _post(self, callback: Callable[[Any], Any], item: Any) -> None:
+        # A closed loop (the host shutting down) has nobody listening.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(callback, item)
+
+    # -- the event loop's side
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    async def __aiter__(self) -> AsyncIterator[Delta]:
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+class ChoiceTracker:
+    """A stopping criterion over the n rows of one prompt's batch (one row per choice)."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        params: SamplingParams,
+        eos_ids: set[int],
+        first_index: int,
+        generation: ThreadedGeneration,
+    ) -> None:
+        self.params = params
+        self.eos_ids = set() if params.ignore_eos else eos_ids
+        self.first_index = first_index
+        self.generation = generation
+        self.texts = [ChoiceText(tokenizer, params.stop) for _ in range(params.n)]
+        self.done = [False] * params.n
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        if self.generation.cancelled.is_set():
+            return torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for row, token in enumerate(input_ids[:, -1].tolist()):
+            if not self.done[row]:
+                self._take(row, int(token))
+        return torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
+
+    def _take(self, row: int, token: int) -> None:
+        text = self.texts[row]
+        if token in self.eos_ids:
+            text.ids.append(token)  # counted, never shown
+            self._finish(row, text.flush(), "stop")
+            return
+        chunk, stopped = text.add(token)
+        if stopped:
+            self._finish(row, chunk, "stop")
+        elif len(text.ids) >= self.params.max_tokens:
+            self._finish(row, chunk + text.flush(), "length")
+        elif chunk:
+            self.generation.emit(Delta(self.first_index + row, chunk))
+
+    def _finish(self, row: int, chunk: str, reason: str) -> None:
+        self.done[row] = True
+        tokens = len(self.texts[row].ids)
+        self.generation.emit(
+            Delta(self.first_index + row, chunk, finish_reason=reason, completion_tokens=tokens)
+        )
+
+    def finish_open_choices(self) -> None:
+        """Choices that `generate` ended without us (its own max length): they ran out of tokens."""
+        for row, done in enumerate(self.done):
+            if not done:
+                self._finish(row, self.texts[row].flush(), "length")
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Every token that ends an answer: the generation config's (chat models often list several)
+    and the tokenizer's."""
+    found: set[int] = set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (configured, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            found.add(value)
+        elif isinstance(value, list):
+            found.update(int(v) for v in value)
+    return found
+
+
+class TransformersBackend:
+    name = "transformers"
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def default_memory_bytes(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.get_device_properties(self.device).total_memory * 0.8)
+        import psutil
+
+        return int(psutil.virtual_memory().total // 2)
+
+    def estimate_bytes(self, target: Target) -> int:
+        return estimate_bytes(target)
+
+    def load(self, target: Target) -> LoadedModel:
+        return load_with_transformers(target, self.device)
+
+    def release(self, loaded: LoadedModel) -> None:
+        loaded.model = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def start(
+        self, loaded: LoadedModel, prompts: list[list[int]], params: SamplingParams
+    ) -> ThreadedGeneration:
+        generation = ThreadedGeneration(asyncio.get_running_loop())
+        model, tokenizer = loaded.model, loaded.tokenizer
+        thread = threading.Thread(
+            target=self._run, args=(model, tokenizer, prompts, params, generation), daemon=True
+        )
+        thread.start()
+        return generation
+
+    def _run(
+        self,
+        model: Any,
+        tokenizer: Any,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        generation: ThreadedGeneration,
+    ) -> None:
+        try:
+            with torch.inference_mode():
+                generator = make_generator(params.seed, self.device)
+                eos = eos_token_ids(model, tokenizer)
+                for number, prompt in enumerate(prompts):
+                    if generation.cancelled.is_set():
+                        break
+                    tracker = ChoiceTracker(tokenizer, params, eos, number * params.n, generation)
+                    self._generate(model, prompt, params, generator, tracker)
+                    if not generation.cancelled.is_set():
+                        tracker.finish_open_choices()
+            generation.emit(_END)
+        except Exception as exc:
+            log.exception("generation failed")
+            generation.emit(exc)
+        finally:
+            generation.done()
+
+    def _generate(
+        self,
+        model: Any,
+        prompt: list[int],
+        params: SamplingParams,
+        generator: torch.Generator,
+        tracker: ChoiceTracker,
+    ) -> None:
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+        input_ids = torch.tensor([prompt] * params.n, dtype=torch.long, device=self.device)
+        processors = LogitsProcessorList()
+        if params.temperature > 0:
+            processors.append(SeededSampler(params.temperature, params.top_p, generator))
+        pad = model.generation_config.pad_token_id
+        config = GenerationConfig(
+            max_new_tokens=params.max_tokens,
+            do_sample=False,  # the sampler above draws; greedy then takes its token
+            num_beams=1,
+            eos_token_id=None,  # the tracker ends choices at EOS (and ignores it for ignore_eos)
+            pad_token_id=pad if pad is not None else 0,
+        )
+        model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            generation_config=config,
+            logits_processor=processors,
+            stopping_criteria=StoppingCriteriaList([tracker]),
+        )

@@ -1,0 +1,119 @@
+"""What a request asks of the generation, and the text each choice has produced so far.
+
+`SamplingParams` is the engine-neutral form of OpenAI's knobs. `SeededSampler` draws the next
+token (temperature, top_p) from a `torch.Generator` of the request's own, so that the same seed
+gives the same text whatever else the host runs at the same time (the global RNG is shared by
+every concurrent generation). `ChoiceText` turns a choice's tokens into the text to send, cutting
+at a stop sequence and holding back what might become one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New text of one choice; the last delta of a choice has its finish_reason and token count."""
+
+    index: int
+    text: str
+    finish_reason: str | None = None  # "stop" | "length" on a choice's last delta
+    completion_tokens: int = 0
+
+
+class SeededSampler:
+    """A transformers logits processor that samples the next token itself and leaves only it
+    possible, so that `generate` in greedy mode picks it. Same distribution as transformers'
+    sampling (temperature, then nucleus), but drawn from `generator`."""
+
+    def __init__(self, temperature: float, top_p: float, generator: torch.Generator) -> None:
+        assert temperature > 0, "temperature 0 is greedy decoding: no sampler"
+        self.temperature = temperature
+        self.top_p = top_p
+        self.generator = generator
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logits = scores.float() / self.temperature
+        if self.top_p < 1.0:
+            ordered, order = logits.sort(dim=-1, descending=True)
+            probs = ordered.softmax(dim=-1)
+            # Drop a token when the ones before it already hold top_p of the mass (the first stays).
+            drop = probs.cumsum(dim=-1) - probs > self.top_p
+            logits = logits.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+        chosen = torch.multinomial(logits.softmax(dim=-1), 1, generator=self.generator)
+        only = torch.full_like(scores, float("-inf"))
+        return only.scatter_(-1, chosen, 0.0)
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+@dataclass
+class ChoiceText:
+    """One choice's tokens and the part of their text already sent."""
+
+    tokenizer: Any
+    stop: tuple[str, ...]
+    ids: list[int] = field(default_factory=list)
+    sent: int = 0  # characters of the decoded text already sent
+
+    def add(self, token_id: int) -> tuple[str, bool]:
+        """Take one token; return the text that can be sent now and whether a stop sequence ended
+        the choice (the stop sequence itself is never sent, as with OpenAI)."""
+        self.ids.append(token_id)
+        text = self._text()
+        if text.endswith("\ufffd"):
+            # The token ends inside a multi-byte character: wait for the rest of it.
+            return "", False
+        for stop in self.stop:
+            # Text that could begin a stop was held back, so a stop starts at `sent` or later.
+            found = text.find(stop, self.sent)
+            if found >= 0:
+                return self._send(text, found), True
+        return self._send(text, len(text) - self._held_back(text)), False
+
+    def flush(self) -> str:
+        """The text held back (a partial stop sequence that never completed), at the choice's end."""
+        return self._send(self._text(), None)
+
+    def _text(self) -> str:
+        return str(
+            self.tokenizer.decode(self.ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        )
+
+    def _held_back(self, text: str) -> int:
+        """Length of the longest end of `text` (after what was sent) that begins a stop sequence."""
+        longest = 0
+        for stop in self.stop:
+            for size in range(min(len(stop) - 1, len(text) - self.sent), longest, -1):
+                if text.endswith(stop[:size]):
+                    longest = size
+                    break
+        return longest
+
+    def _send(self, text: str, end: int | None) -> str:
+        end = len(text) if end is None else end
+        chunk = text[self.sent : end] if end > self.sent else ""
+        self.sent = max(self.sent, end)
+        return chunk

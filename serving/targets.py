@@ -1,0 +1,75 @@
+"""The `twinkle` key of a request: which checkpoint to serve, checked before anything is read.
+
+The API server resolves a public model name to a checkpoint directory and, for a LoRA job, the
+base model; the host still checks both itself, since a path is what it will load: the checkpoint
+must be a complete one under the host's jobs root (symlinks resolved), and a base given as a
+local directory must lie under the jobs root or an allowed root. A hub id (`org/name`,
+`hf://org/name`) is a name, not a path, and is fetched into the hub cache by the loader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from serving.errors import Forbidden, InvalidValue, NotFound
+from twinkle_core import checkpoint as ckpt
+
+
+class TwinkleKey(BaseModel):
+    """What the API server adds to an OpenAI request body for the host."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: str = Field(min_length=1, description="The checkpoint directory, absolute")
+    base_model: str | None = Field(
+        default=None, description="A LoRA checkpoint's base: a directory or hub id"
+    )
+    model: str = Field(min_length=1, description="The public model name, echoed in answers")
+
+
+@dataclass(frozen=True)
+class Target:
+    key: str  # the checkpoint as the server named it: what heartbeats report as loaded
+    checkpoint: Path  # resolved
+    base_model: str | None
+    model: str
+
+
+def _is_local_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or Path(name).expanduser().exists()
+
+
+def _under(path: Path, roots: Sequence[Path]) -> bool:
+    return any(path.is_relative_to(root.resolve()) for root in roots)
+
+
+def check_target(key: TwinkleKey, jobs_root: Path, allowed_roots: Sequence[Path]) -> Target:
+    raw = Path(key.checkpoint)
+    if not raw.is_absolute():
+        raise InvalidValue("twinkle.checkpoint must be an absolute path", param="twinkle.checkpoint")
+    checkpoint = raw.resolve()
+    if not _under(checkpoint, [jobs_root]):
+        raise Forbidden(
+            f"checkpoint {key.checkpoint} is outside this host's jobs root {jobs_root}",
+            param="twinkle.checkpoint",
+        )
+    if not ckpt.is_complete(checkpoint):
+        raise NotFound(f"{key.checkpoint} is not a complete checkpoint", param="twinkle.checkpoint")
+    base = key.base_model
+    if base is not None and _is_local_path(base):
+        base_dir = Path(base).expanduser().resolve()
+        if not _under(base_dir, [jobs_root, *allowed_roots]):
+            raise Forbidden(
+                f"base model {base} is outside the jobs root and the allowed roots",
+                param="twinkle.base_model",
+            )
+        if not base_dir.is_dir():
+            raise NotFound(
+                f"base model {base} is not a directory", param="twinkle.base_model", code="not_found"
+            )
+        base = str(base_dir)
+    return Target(key=key.checkpoint, checkpoint=checkpoint, base_model=base, model=key.model)
