@@ -442,7 +442,7 @@ def files_list(ctx: click.Context, output: str) -> None:
 
 @_group
 def checkpoints() -> None:
-    """List and download checkpoints."""
+    """List, download and export checkpoints."""
 
 
 @checkpoints.command("list")
@@ -472,3 +472,54 @@ def checkpoints_download(
     path = _client(ctx).checkpoints.download(job_id, checkpoint_id, dest)
     info = {"job_id": job_id, "checkpoint_id": checkpoint_id, "path": str(path), "bytes": path.stat().st_size}
     _emit(info, output, [str(path)])
+
+
+@checkpoints.command("export")
+@click.argument("job_id")
+@click.argument("step", type=click.IntRange(min=0))
+@click.option(
+    "--no-merge", is_flag=True, help="LoRA jobs: the adapter alone instead of merged into the base model"
+)
+@click.option(
+    "--dest",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Folder to unpack the model into (must not exist) [JOB_ID-step-STEP-KIND]",
+)
+@click.option("--no-download", is_flag=True, help="Only ask for the export (and wait for it)")
+@click.option("--timeout", type=float, default=None, help="Stop waiting after this many seconds (exit 3)")
+@OUTPUT
+@click.pass_context
+@handle_api_errors
+def checkpoints_export(
+    ctx: click.Context,
+    job_id: str,
+    step: int,
+    no_merge: bool,
+    dest: Path | None,
+    no_download: bool,
+    timeout: float | None,
+    output: str,
+) -> None:
+    """Export a checkpoint as a Hugging Face model folder: wait for the worker, download, unpack.
+
+    Prints the folder, loadable with `AutoModelForCausalLM.from_pretrained` (or, with --no-merge,
+    `PeftModel.from_pretrained` on the base model). Exit 1 when the export failed, 3 on --timeout.
+    """
+    client = _client(ctx)
+    export = client.exports.create(job_id, step, merge=False if no_merge else None)
+    try:
+        export = client.exports.wait(export["id"], timeout=timeout)
+    except TimeoutError as exc:
+        click.echo(f"{exc}; it goes on: twinkle-jobs checkpoints export {job_id} {step} again", err=True)
+        sys.exit(EXIT_TIMEOUT)
+    if export["status"] == "failed":
+        _emit(export, output, [f"export {export['id']} failed: {export.get('error')}"])
+        sys.exit(EXIT_FAILED)
+    if not no_download:
+        folder = dest or Path(f"{job_id}-step-{step}-{export['kind']}")
+        try:
+            export["path"] = str(client.exports.download_folder(export["id"], folder))
+        except FileExistsError as exc:
+            raise click.ClickException(f"{exc}: choose another --dest") from exc
+    _emit(export, output, [export.get("path") or export["id"]])

@@ -78,22 +78,13 @@ def public_base_name(model_id: str | None) -> str | None:
     return model_id
 
 
-def weights_dir(checkpoint_dir: Path) -> Path:
-    """Where the checkpoint's HF weights are. A checkpoint written by `HFCheckpointer` holds them
-    at its top level; `twinkle_core.checkpoint.hf_model_dir` (sharded checkpoints) is used once it
-    exists, so that a sharded checkpoint is consolidated first."""
-    consolidate = getattr(ckpt, "hf_model_dir", None)
-    return Path(consolidate(checkpoint_dir)) if consolidate is not None else checkpoint_dir
-
-
 def export_checkpoint(request: ExportRequest) -> Path:
     """Write the export into `request.output_dir` (replacing nothing: it must not exist yet)."""
     source = Path(request.checkpoint_dir)
-    if not ckpt.is_complete(source):
-        raise ValueError(f"{source} is not a complete checkpoint (no {ckpt.COMPLETE_MARKER} marker)")
     if request.kind not in EXPORT_KINDS:
         raise ValueError(f"kind must be one of {EXPORT_KINDS}, got {request.kind!r}")
-    weights = weights_dir(source)
+    # The checkpoint's plain HF files (a sharded checkpoint is consolidated there first).
+    weights = ckpt.hf_model_dir(source)
     adapter = (weights / ADAPTER_CONFIG).is_file()
     if adapter and request.kind == "full":
         raise ValueError(f"{source} holds a LoRA adapter: export it 'merged' or as the 'adapter'")

@@ -8,6 +8,8 @@ import email.utils
 import json
 import os
 import random
+import shutil
+import tarfile
 import time
 import uuid
 from collections.abc import Generator, Iterator, Sequence
@@ -69,6 +71,7 @@ class TwinkleClient:
         self.jobs = Jobs(self)
         self.files = Files(self)
         self.checkpoints = Checkpoints(self)
+        self.exports = Exports(self)
         self.workers = Workers(self)
         self.projects = Projects(self)
         self.tokens = Tokens(self)
@@ -446,6 +449,76 @@ class Checkpoints(_Resource):
     def download(self, job_id: str, checkpoint_id: str, dest: str | Path) -> Path:
         """Stream the checkpoint archive to `dest` (a file path); returns it."""
         return self._c.download(f"/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/download", dest)
+
+
+EXPORT_DONE = ("succeeded", "failed")
+
+
+class Exports(_Resource):
+    """Checkpoints exported as standalone Hugging Face model folders (made by a worker)."""
+
+    def create(self, job_id: str, step: int, merge: bool | None = None) -> Json:
+        """Ask for the export of the job's checkpoint at `step`: a LoRA job's adapter merged into
+        its base (default) or alone (`merge=False`), a full job's model. Asking again returns the
+        same export (and queues a failed one again)."""
+        body = {} if merge is None else {"merge": merge}
+        return self._c.json("POST", f"/v1/jobs/{job_id}/checkpoints/{step}/export", json=body)
+
+    def get(self, export_id: str) -> Json:
+        return self._c.json("GET", f"/v1/exports/{export_id}")
+
+    def list(self, job_id: str) -> Iterator[Json]:
+        return self._c.paginate(f"/v1/jobs/{job_id}/exports")
+
+    def wait(self, export_id: str, timeout: float | None = None, poll: float = 1.0) -> Json:
+        """Poll until the export succeeded or failed; `TimeoutError` at `timeout` (it goes on)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            export = self.get(export_id)
+            if export["status"] in EXPORT_DONE:
+                return export
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"export {export_id} is still {export['status']} after {timeout} s")
+            time.sleep(poll)
+
+    def download(self, export_id: str, dest: str | Path) -> Path:
+        """Stream the export's tar archive to the file `dest`; returns it."""
+        return self._c.download(f"/v1/exports/{export_id}/content", dest)
+
+    def download_folder(self, export_id: str, dest: str | Path) -> Path:
+        """Download and unpack the export into the folder `dest` (which must not exist yet), ready
+        for `from_pretrained(dest)`; returns it."""
+        dest = Path(dest)
+        if dest.exists():
+            raise FileExistsError(f"{dest} exists already")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        scratch = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}"
+        scratch.mkdir()
+        try:
+            archive = self.download(export_id, scratch / "export.tar")
+            root = _unpack(archive, scratch / "unpacked")
+            root.rename(dest)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return dest
+
+
+def _unpack(archive: Path, into: Path) -> Path:
+    """Extract a server archive (one top folder of plain files) and return that folder; links,
+    devices and paths out of `into` are refused, whatever the Python version's tarfile does."""
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+        for member in members:
+            parts = Path(member.name).parts
+            if not (member.isfile() or member.isdir()) or member.name.startswith("/") or ".." in parts:
+                raise ValueError(f"{archive}: refusing archive member {member.name!r}")
+        tops = {Path(m.name).parts[0] for m in members}
+        if len(tops) != 1:
+            raise ValueError(f"{archive}: expected one top folder, found {sorted(tops)}")
+        # Checked above; the "data" filter (Python >= 3.11.4) also drops modes such as setuid.
+        safe: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(into, members=members, **safe)
+    return into / tops.pop()
 
 
 class Workers(_Resource):
