@@ -189,7 +189,8 @@ def model_card(request: ExportRequest) -> str:
         "adapter": "a LoRA adapter alone (load it on its base model)",
     }[request.kind]
     front = ["---", f"library_name: {'peft' if request.kind == 'adapter' else 'transformers'}"]
-    if base:
+    if base and _is_hf_hub_id(request.base_model):
+        # The Hub's card metadata links a base by its repo id; a local path there would be refused.
         front.append(f"base_model: {json.dumps(base)}")
     front += ["tags:", "- twinkle-jobs", "- fine-tuned", "---", ""]
     title = request.job_name or request.job_id
@@ -224,6 +225,15 @@ def model_card(request: ExportRequest) -> str:
         ]
     lines += ["```", ""]
     return "\n".join(front + lines)
+
+
+def _is_hf_hub_id(model_id: str | None) -> bool:
+    """`hf://org/name` or a bare `org/name` (not a path): a Hugging Face Hub repo id."""
+    if model_id is None or model_id.startswith("ms://"):
+        return False
+    if model_id.startswith("hf://"):
+        return True
+    return not model_id.startswith(("/", ".", "~")) and model_id.count("/") == 1
 
 
 def main(argv: list[str] | None = None) -> int:

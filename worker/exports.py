@@ -74,27 +74,28 @@ class Exporter:
         self._due.set()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """End the running export's process; its row goes back to `pending` (see `_run`)."""
+        """End the running export's process; its row goes back to `pending` (see `run`)."""
         self._stopping.set()
         self._due.set()
         proc = self._proc
         if proc is not None and proc.poll() is None:
             proc.terminate()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
     # ------------------------------------------------------------------------------ the loop
     def _loop(self) -> None:
         while not self._stopping.is_set():
             try:
                 requeue_stale(self.settings)
-                while not self._stopping.is_set() and (claimed := self._claim()) is not None:
-                    self._run(claimed)
+                while not self._stopping.is_set() and (claimed := self.claim_next()) is not None:
+                    self.run(claimed)
             except Exception:
                 log.exception("export pass failed; retrying next heartbeat")
             self._due.wait(self.settings.heartbeat_seconds)
             self._due.clear()
 
-    def _claim(self) -> ClaimedExport | None:
+    def claim_next(self) -> ClaimedExport | None:
         with session_scope(self.db) as session:
             candidates = session.scalars(
                 select(Export.id).where(Export.status == PENDING).order_by(Export.created_at).limit(8)
@@ -148,7 +149,7 @@ class Exporter:
         )
 
     # ------------------------------------------------------------------------------- running
-    def _run(self, claimed: ClaimedExport) -> None:
+    def run(self, claimed: ClaimedExport) -> None:
         directory = Path(claimed.request.output_dir).parent
         directory.mkdir(parents=True, exist_ok=True)
         request_file = directory / f".{claimed.id}.request.json"
