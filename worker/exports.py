@@ -184,11 +184,20 @@ class Exporter:
             else:
                 _finish(session, claimed.id, FAILED, error=_failure(log_file, code))
         request_file.unlink(missing_ok=True)
+        if job_deleted(self.db, claimed.request.job_id):
+            # The job was deleted while its export ran (its directory with it): what the export
+            # wrote since, the job dir it recreated included, goes too.
+            shutil.rmtree(self.settings.jobs_dir / claimed.request.job_id, ignore_errors=True)
         log.info("export %s ended with exit code %s", claimed.id, code)
 
     def _heartbeat(self, export_id: str) -> None:
         with session_scope(self.db) as session:
             session.execute(update(Export).where(Export.id == export_id).values(heartbeat_at=utcnow()))
+
+
+def job_deleted(db: str, job_id: str) -> bool:
+    with session_scope(db) as session:
+        return session.get(Job, job_id) is None
 
 
 def requeue_stale(settings: Settings) -> int:

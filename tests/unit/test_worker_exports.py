@@ -126,3 +126,23 @@ def test_the_running_exports_of_lost_workers_go_back_to_pending(settings: Settin
     assert requeue_stale(settings) == 1
     assert (row(settings, export_id).status, row(settings, export_id).worker_id) == ("pending", None)
     assert Exporter(settings, "worker-b").claim_next() is not None
+
+
+def test_an_export_of_a_job_deleted_meanwhile_leaves_nothing_behind(
+    settings: Settings, export_id: str
+) -> None:
+    exporter = Exporter(settings, "worker-a")
+    claimed = exporter.claim_next()
+    assert claimed is not None
+    with session_scope(settings.resolved_database_url) as session:
+        session.query(Job).delete()  # what DELETE /v1/jobs/{id} does to the rows (the files go too)
+    job_dir = settings.jobs_dir / "job-x"
+    assert job_dir.is_dir()
+    exporter.run(claimed)
+    assert not job_dir.exists()
+    assert row_or_none(settings, export_id) is None
+
+
+def row_or_none(settings: Settings, export_id: str) -> Export | None:
+    with session_scope(settings.resolved_database_url) as session:
+        return session.get(Export, export_id)
