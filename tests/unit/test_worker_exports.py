@@ -146,3 +146,30 @@ def test_an_export_of_a_job_deleted_meanwhile_leaves_nothing_behind(
 def row_or_none(settings: Settings, export_id: str) -> Export | None:
     with session_scope(settings.resolved_database_url) as session:
         return session.get(Export, export_id)
+
+
+def test_a_checkpoint_in_object_storage_is_exported_from_a_local_copy(
+    settings: Settings, export_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    moto = pytest.importorskip("moto")
+    boto3 = pytest.importorskip("boto3")
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    location = "s3://bucket/jobs/job-x/checkpoints/step-3"
+    with moto.mock_aws():
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket="bucket")
+        for name, body in (("adapter_model.safetensors", b"weights"), ("COMPLETE", b"ok")):
+            s3.put_object(Bucket="bucket", Key=f"jobs/job-x/checkpoints/step-3/{name}", Body=body)
+        shutil.rmtree(settings.jobs_dir / "job-x")  # this host never had the files
+        with session_scope(settings.resolved_database_url) as session:
+            session.query(Checkpoint).update({"path": location})
+        claimed = Exporter(settings, "worker-a").claim_next()
+    assert claimed is not None, row(settings, export_id).error
+    local = Path(claimed.request.checkpoint_dir)
+    assert local == settings.jobs_dir / "job-x" / "checkpoints" / "step-3"
+    assert (local / "adapter_model.safetensors").read_bytes() == b"weights" and (local / "COMPLETE").is_file()
