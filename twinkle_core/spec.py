@@ -220,19 +220,9 @@ class ResourcesSection(_Section):
     launcher: Launcher = Field(
         default="torchrun",
         description="torchrun: the worker starts torchrun on its host; ray: the worker submits the "
-        "same command to its Ray cluster (TWINKLE_RAY_ADDRESS) as a Ray job",
+        "same command to its Ray cluster (TWINKLE_RAY_ADDRESS) as a Ray job, one torchrun per node in a "
+        "placement group when nnodes > 1",
     )
-
-    @field_validator("launcher")
-    @classmethod
-    def _ray_runs_one_node(cls, value: str, info: ValidationInfo) -> str:
-        # A Ray job runs torchrun on one Ray node: a gang of worker hosts has no meaning there.
-        nnodes = info.data.get("nnodes", 1)
-        if value == "ray" and nnodes > 1:
-            raise ValueError(
-                f"launcher 'ray' runs a job on one Ray node; nnodes={nnodes} needs launcher 'torchrun'"
-            )
-        return value
 
     @property
     def world_size(self) -> int:

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from jobcore.db.models import WorkerNode, utcnow
 from jobcore.db.session import session_scope
+from jobcore.jobs.engine import ENGINES
 from jobcore.jobs.spec import resources_of
 from jobcore.settings import Settings
 from worker import gang, reconciler, retention, webhooks
@@ -59,6 +60,10 @@ class WorkerAgent:
     def launchers(self) -> tuple[str, ...]:
         """The launchers this worker can run: torchrun always, Ray with a Ray address."""
         return ("torchrun", "ray") if self.settings.ray_address else ("torchrun",)
+
+    @property
+    def _hands_off_jobs(self) -> bool:
+        return any(launcher in ENGINES for launcher in self.launchers)
 
     @property
     def slots(self) -> int:
@@ -103,7 +108,9 @@ class WorkerAgent:
         """Claim and launch queued jobs while GPUs or slots are free; returns how many."""
         launched = 0
         with self._claim_lock:
-            while not self._stopping.is_set() and self.ledger.has_capacity():
+            # A job handed to a cluster engine takes no lease: a worker with an engine claims
+            # those even when its own GPUs are all leased.
+            while not self._stopping.is_set() and (self.ledger.has_capacity() or self._hands_off_jobs):
                 sup = self._claim_one()
                 if sup is None:
                     break
@@ -126,12 +133,18 @@ class WorkerAgent:
                 return None
             resources = resources_of(job.spec)
             nproc, nnodes = resources.nproc_per_node, resources.nnodes
-            if nnodes > 1:
-                gang.lead(session, job, self.worker_id, self.host, self.settings.rendezvous_address)
-            lease = self.ledger.acquire(job.id, nproc)
-            assert lease is not None, "claim_next_job only returns jobs that fit"
+            if resources.launcher in ENGINES:
+                # The engine places every node on its own cluster (a Ray placement group): no
+                # lease on this worker, and no gang of workers to lead.
+                gpu_ids, nnodes = [], 1
+            else:
+                if nnodes > 1:
+                    gang.lead(session, job, self.worker_id, self.host, self.settings.rendezvous_address)
+                lease = self.ledger.acquire(job.id, nproc)
+                assert lease is not None, "claim_next_job only returns jobs that fit"
+                gpu_ids = lease.gpu_ids
             assignment = Assignment(
-                job.id, job.attempt, self.worker_id, lease.gpu_ids, nproc, nnodes, resources.launcher
+                job.id, job.attempt, self.worker_id, gpu_ids, nproc, nnodes, resources.launcher
             )
             sup = Supervisor(self.settings, assignment, self.runner, self._on_supervisor_exit)
             self.supervisors[job.id] = sup

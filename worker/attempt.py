@@ -146,8 +146,9 @@ def start_attempt(
             env,
             cwd,
             log_path,
-            # One CPU per rank; GPUs when the worker leased GPUs for the job (its ranks use them).
+            # One CPU per rank, and one GPU per rank when the Ray cluster has GPUs: the worker
+            # leases none of its own for a job Ray places (worker.ray_launcher).
             num_cpus=float(target.nproc_per_node),
-            num_gpus=float(target.nproc_per_node if target.gpu_ids else 0),
+            num_gpus=None,
         )
     raise ValueError(f"unknown launcher {target.launcher!r}; expected one of {LAUNCHERS}")

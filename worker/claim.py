@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from jobcore.db.models import Job, Project, utcnow
+from jobcore.jobs.engine import ENGINES
 from jobcore.jobs.lifecycle import transition
 from jobcore.jobs.locks import lock_project
 from jobcore.jobs.spec import resources_of
@@ -31,7 +32,8 @@ def claim_next_job(
 ) -> Job | None:
     """Claim the highest-priority queued job (ties: oldest) for which `fits(nproc)` holds and
     whose `resources.launcher` this worker has (a worker without a Ray address skips Ray jobs,
-    which wait for one that has it).
+    which wait for one that has it). A job handed to a cluster engine (Ray) needs no room here:
+    the engine places it.
 
     Sets status `starting`, `worker_id`, `attempt + 1` and a fresh heartbeat. The caller commits.
     """
@@ -48,7 +50,7 @@ def claim_next_job(
         if (
             project_id in unavailable
             or resources.launcher not in launchers
-            or not fits(resources.nproc_per_node)
+            or (resources.launcher not in ENGINES and not fits(resources.nproc_per_node))
         ):
             continue
         if not _room_in_project(session, project_id):

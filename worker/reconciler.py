@@ -8,7 +8,8 @@ pass is idempotent because each requeue is a compare-and-set). A worker counts a
 heartbeat is older than `stale_after_seconds`, or, on this host, as soon as its process is dead.
 Processes of this host's jobs whose ancestry holds no live worker are orphans of a dead
 predecessor: they are killed before their job is requeued, so two attempts never overlap here.
-A Ray job's runner is not: Ray owns it, and the next attempt stops it through Ray.
+A Ray job's runner is not: Ray owns it. A lost job's Ray jobs are stopped through Ray before it is
+requeued (which frees a multi-node job's placement group), and again by the next attempt.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from sqlalchemy.orm import Session
 
 from jobcore.db.models import Job, WorkerNode, utcnow
 from jobcore.db.session import session_scope
+from jobcore.jobs.spec import resources_of
 from jobcore.jobs.states import ACTIVE, InvalidTransition
 from jobcore.settings import Settings
 from jobcore.storage import artifact_store
 from worker.checkpoints import remove_dirs, remove_stored_checkpoints
 from worker.process_tree import kill_all, processes_referencing
-from worker.ray_launcher import RAY_LAUNCHED_ENV
+from worker.ray_launcher import RAY_LAUNCHED_ENV, stop_lost_attempts
 from worker.recovery import retry_or_fail, succeed_if_finished
 from worker.registry import DEAD, ONLINE, process_is_alive
 
@@ -46,8 +48,10 @@ def reconcile(settings: Settings, me: str | None = None) -> list[str]:
         lost = _lost_jobs(session, settings, me, set(live_local))
     recovered = []
     store = artifact_store(settings) if lost else None
-    for job_id, worker_id, attempt in lost:
+    for job_id, worker_id, attempt, launcher in lost:
         job_dir = settings.jobs_dir / job_id
+        if launcher == "ray" and settings.ray_address:
+            stop_lost_attempts(settings.ray_address, job_id, attempt)
         try:
             with session_scope(db) as session:
                 job = session.get(Job, job_id, populate_existing=True)
@@ -98,18 +102,19 @@ def _live_worker_pids_on_this_machine(session: Session) -> set[int]:
 
 def _lost_jobs(
     session: Session, settings: Settings, me: str | None, live_local: set[str]
-) -> list[tuple[str, str, int]]:
-    """Active jobs whose owner is gone, or whose heartbeat went stale under a remote owner."""
+) -> list[tuple[str, str, int, str]]:
+    """Active jobs whose owner is gone, or whose heartbeat went stale under a remote owner:
+    (id, worker id, attempt, launcher)."""
     stale = utcnow() - timedelta(seconds=settings.stale_after_seconds)
     online = set(session.scalars(select(WorkerNode.id).where(WorkerNode.status == ONLINE)).all())
-    lost = []
+    lost: list[tuple[str, str, int, str]] = []
     for job in session.scalars(select(Job).where(Job.status.in_([s.value for s in ACTIVE]))).all():
         if job.worker_id == me or job.worker_id in live_local:
             continue  # supervised by a live process of this host
         owner_gone = job.worker_id not in online
         silent = job.heartbeat_at is None or job.heartbeat_at < stale
         if owner_gone or silent:
-            lost.append((job.id, job.worker_id or "", job.attempt))
+            lost.append((job.id, job.worker_id or "", job.attempt, resources_of(job.spec).launcher))
     return lost
 
 

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, object_session
 
 from jobcore.db.models import Checkpoint, Job, JobEvent, utcnow
 from jobcore.db.session import session_scope
+from jobcore.jobs.engine import record_engine_state
 from jobcore.jobs.lifecycle import transition
 from jobcore.jobs.spec import training_of
 from jobcore.jobs.states import InvalidTransition, JobStatus
@@ -79,6 +80,7 @@ class Supervisor:
         self.seen = Observed()
         self.store = artifact_store(settings)
         self.result: AttemptResult | None = None
+        self.run: RunningAttempt | None = None
         self._shutdown = threading.Event()
         self._node_left = False  # another node of the gang left because its worker stopped
         self.thread = threading.Thread(target=self._main, name=f"supervisor-{assignment.job_id}", daemon=True)
@@ -129,11 +131,14 @@ class Supervisor:
             self.job_id, self.a.attempt, self.a.launcher, self.a.nproc_per_node, self.a.gpu_ids
         )
         env = runner_env(self.job_id, self.job_dir, self.a.gpu_ids)
-        run = start_attempt(target, argv, env, self.job_dir, self.paths.log, self.settings.ray_address)
+        run = self.run = start_attempt(
+            target, argv, env, self.job_dir, self.paths.log, self.settings.ray_address
+        )
         try:
             with session_scope(self.db) as session:
                 self._fenced(session, pids=run.pids())
                 self._event(session, run.description, argv=argv, launcher=self.a.launcher)
+                self._record_engine(session)
             stop = self._monitor(run)
         except BaseException:
             run.terminate(self.settings.cancel_grace_seconds)
@@ -348,7 +353,21 @@ class Supervisor:
         """The job's status, and why the gang broke (multi-node jobs), after a heartbeat."""
         with session_scope(self.db) as session:
             self._fenced(session, heartbeat_at=utcnow())
+            self._record_engine(session)
             return self._job(session).status, self._gang_problem(session)
+
+    def _record_engine(self, session: Session) -> None:
+        """A job handed to a cluster engine (a Ray job): its id and state there, on the job row
+        (written only when they change)."""
+        engine = getattr(self.run, "engine", None)
+        if engine is not None:
+            record_engine_state(
+                session,
+                self._job(session),
+                engine=engine,
+                engine_job_id=getattr(self.run, "engine_job_id", None),
+                state=getattr(self.run, "engine_state", None),
+            )
 
     def _save_total_limit(self, session: Session) -> int | None:
         if not hasattr(self, "_limit_cache"):  # the spec does not change during an attempt
@@ -363,6 +382,7 @@ class Supervisor:
             job = self._job(session)
             if job.worker_id != self.a.worker_id or job.attempt != self.a.attempt:
                 raise OwnershipLost(self.job_id)
+            self._record_engine(session)  # the engine's final word (SUCCEEDED, FAILED, STOPPED)
             self._end(session, job, result)
 
     def _finish_safely(self, result: AttemptResult) -> None:

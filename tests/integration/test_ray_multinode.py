@@ -1,0 +1,352 @@
+"""Multi-node jobs on Ray (`resources.launcher: "ray"`, `nnodes: 2`) against a real local Ray
+cluster of two nodes (Ray's `cluster_utils.Cluster`: a head without CPUs, and two nodes of one CPU
+each with their own custom resource), through the service (API server + worker subprocesses on
+SQLite, the worker with `TWINKLE_RAY_ADDRESS`). One cluster and one service for the module.
+
+- A 2-node job whose node 1 is SIGKILLed after its step-2 checkpoint fails as an infra error, is
+  retried as a second Ray job from step-2, and ends `succeeded` with the losses and the weights
+  (bit for bit) of a 2-node torchrun gang of the same spec (the c10d rendezvous of worker.gang's
+  nodes, run here directly); both placement groups are removed.
+- `POST /cancel` on a running 2-node job: `cancelled`, the Ray job STOPPED, its placement group
+  removed, no node actor alive, no torchrun or rank left.
+- `POST /pause`: the signal reaches both nodes' ranks, the job is `paused` at a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip(
+    "ray", reason="ray is not installed (the optional group: pip install 'twinkle-jobs[ray]')"
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+MAX_STEPS = 4
+# `twinkle_core.train` with a hold: the first fresh run whose global rank 0 takes the token file
+# waits after its step-2 checkpoint until it is stopped or paused (the other node's rank waits in
+# its next collective), so a test acts on a job that provably has not finished.
+HOLD_RUNNER = r"""
+import os, time
+from twinkle_core import train
+
+plain_after_step = train.JobRunner.after_step
+
+def after_step(self, result):
+    outcome = plain_after_step(self, result)
+    fresh = self.resume_from is None and os.environ.get("RANK", "0") == "0"
+    if outcome is None and fresh and self.model.cur_step == 2:
+        try:
+            os.rename(os.environ["TWINKLE_TEST_HOLD_TOKEN"], self.job_dir / "held")
+        except FileNotFoundError:
+            return outcome
+        while not (self.stop.terminate or self.stop.pause):
+            time.sleep(0.1)
+    return outcome
+
+train.JobRunner.after_step = after_step
+train.run()
+"""
+
+
+@pytest.fixture(scope="module")
+def dashboard_address() -> Iterator[str]:
+    from ray.cluster_utils import Cluster
+
+    from twinkle_cli.stack import free_port
+
+    saved = {name: os.environ.get(name) for name in ("RAY_AUTH_MODE", "RAY_JOB_STOP_WAIT_TIME_S")}
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # a loopback test cluster needs no token
+    # Ray's stop_job: SIGTERM to the driver, SIGKILL after this; the driver stops its nodes first.
+    os.environ["RAY_JOB_STOP_WAIT_TIME_S"] = "30"
+    store = 80 * 1024**2
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,  # the drivers run here; every rank runs on a node below
+            "include_dashboard": True,
+            "dashboard_host": "127.0.0.1",
+            "dashboard_port": free_port(),
+            "object_store_memory": store,
+        },
+    )
+    for node in ("node-a", "node-b"):
+        cluster.add_node(num_cpus=1, resources={node: 1}, object_store_memory=store)
+    cluster.wait_for_nodes()
+    context = ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        yield f"http://{context.dashboard_url}"
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def job_spec(tiny_model_dir: Path, text_dataset: Path) -> dict[str, Any]:
+    return {
+        "model": {"model_id": str(tiny_model_dir), "mixed_precision": "no"},
+        "data": {"train_file": str(text_dataset), "max_length": 32},
+        "training": {
+            "max_steps": MAX_STEPS,
+            "batch_size": 4,
+            "save_every": 2,
+            "save_total_limit": None,
+            "seed": 7,
+        },
+        "optimizer": {"lr": 1e-3},
+        "resources": {"nnodes": 2, "nproc_per_node": 1, "launcher": "ray"},
+    }
+
+
+def step_losses(job_dir: Path) -> dict[int, float]:
+    """Loss per step from progress.jsonl; a resumed attempt's lines replace the lost ones."""
+    losses = {}
+    for line in (job_dir / "progress.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        if event["event"] == "step":
+            losses[event["step"]] = event["loss"]
+    return losses
+
+
+def final_weights(job_dir: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    checkpoint = job_dir / "checkpoints" / f"step-{MAX_STEPS}"
+    assert (checkpoint / "COMPLETE").exists(), sorted(p.name for p in checkpoint.parent.iterdir())
+    weights: dict[str, Any] = {}
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        weights.update(load_file(str(path)))
+    assert weights
+    return weights
+
+
+class GangRun:
+    """The reference run, started in the background: it trains while the Ray job does."""
+
+    def __init__(self, job_dir: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+        self.job_dir, self.procs = job_dir, procs
+
+    def result(self) -> Path:
+        codes = [proc.wait(timeout=300) for proc in self.procs]
+        assert codes == [0, 0], (self.job_dir / "logs" / "attempt-1.log").read_text()[-3000:]
+        return self.job_dir
+
+
+@pytest.fixture(scope="module")
+def gang_reference(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, text_dataset: Path
+) -> Iterator[GangRun]:
+    """The same spec as a 2-node torchrun gang (what worker.gang's nodes run), on loopback."""
+    from worker.launch import AttemptPaths, Rendezvous, free_port, resolve_torchrun, runner_env, torchrun_argv
+
+    job_dir = tmp_path_factory.mktemp("gang-reference")
+    spec = job_spec(tiny_model_dir, text_dataset)
+    spec["resources"]["launcher"] = "torchrun"
+    (job_dir / "spec.json").write_text(json.dumps(spec))
+    port, procs = free_port(), []
+    for node in (0, 1):
+        paths = AttemptPaths(job_dir, 1, node)
+        rendezvous = Rendezvous(2, node, "127.0.0.1", port, join_timeout_seconds=120)
+        argv = torchrun_argv(resolve_torchrun("torchrun"), 1, paths, None, "twinkle_core.train", rendezvous)
+        env = {**runner_env("gang", job_dir, []), "HF_HUB_OFFLINE": "1"}
+        paths.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(paths.log, "wb") as log:
+            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        yield GangRun(job_dir, procs)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+class RayService:
+    def __init__(self, svc: Any, token: Path, address: str) -> None:
+        self.svc, self.token, self.address = svc, token, address
+
+    def submit(self, spec: dict[str, Any], **fields: Any) -> str:
+        with self.svc.client() as client:
+            response = client.post("/v1/jobs", json={"name": "ray-gang", "spec": spec, **fields})
+        assert response.status_code == 201, response.text
+        return str(response.json()["id"])
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        with self.svc.client() as client:
+            return dict(client.get(f"/v1/jobs/{job_id}").json())
+
+    def messages(self, job_id: str) -> list[str]:
+        with self.svc.client() as client:
+            page = client.get(f"/v1/jobs/{job_id}/events", params={"limit": 100}).json()
+        return [event["message"] for event in page["data"]]
+
+    def job_dir(self, job_id: str) -> Path:
+        return Path(self.svc.data_dir) / "jobs" / job_id
+
+    def wait_held(self, job_id: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while not (self.job_dir(job_id) / "held").exists():
+            job = self.job(job_id)
+            assert job["status"] in ("queued", "starting", "running"), (job, self.svc.worker_log())
+            assert time.monotonic() < deadline, f"job {job_id} never held: {job}\n{self.svc.worker_log()}"
+            time.sleep(0.3)
+
+    def ray_status(self, job_id: str, attempt: int) -> str:
+        from ray.job_submission import JobSubmissionClient
+
+        from worker.ray_launcher import submission_id
+
+        return str(JobSubmissionClient(self.address).get_job_status(submission_id(job_id, attempt)))
+
+    def placement_group(self, job_id: str, attempt: int) -> Any:
+        from ray.util.state import list_placement_groups
+
+        name = f"twinkle-{job_id}-attempt-{attempt}"
+        groups = list_placement_groups(address=self.address, filters=[("name", "=", name)], detail=True)
+        assert len(groups) == 1, groups
+        return groups[0]
+
+    def live_node_actors(self) -> list[Any]:
+        from ray.util.state import list_actors
+
+        actors = list_actors(address=self.address, filters=[("class_name", "=", "NodeRunner")])
+        return [actor for actor in actors if actor.state != "DEAD"]
+
+
+@pytest.fixture(scope="module")
+def ray_service(
+    dashboard_address: str, tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, text_dataset: Path
+) -> Iterator[RayService]:
+    from live_service import LiveService
+
+    root = tmp_path_factory.mktemp("ray-multinode")
+    runner = root / "hold_runner.py"
+    runner.write_text(HOLD_RUNNER)
+    token = root / "hold-token"
+    svc = LiveService.configure(
+        root,
+        [tiny_model_dir, text_dataset.parent],
+        TWINKLE_RAY_ADDRESS=dashboard_address,
+        TWINKLE_WORKER_RUNNER=str(runner),
+        TWINKLE_TEST_HOLD_TOKEN=str(token),
+        TWINKLE_HEARTBEAT_SECONDS="0.5",
+        TWINKLE_CANCEL_GRACE_SECONDS="15",
+        TWINKLE_WORKER_SLOTS="1",  # a Ray job takes no slot: the worker still hands off every job
+    )
+    svc.start_server()
+    svc.start_worker()
+    try:
+        yield RayService(svc, token, dashboard_address)
+    finally:
+        svc.stop()
+
+
+def node_processes(job_dir: Path, node: int | None = None) -> list[Any]:
+    """The job's live torchrun and rank processes (of one node of the gang, or of all)."""
+    import psutil
+
+    from worker.process_tree import processes_referencing
+    from worker.ray_plan import NODE_RANK_ENV
+
+    found = []
+    for proc in processes_referencing(str(job_dir), "spec.json"):
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if node is None or proc.environ().get(NODE_RANK_ENV) == str(node):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_node_killed_mid_run_resumes_to_the_gang_result(
+    ray_service: RayService, gang_reference: GangRun, tiny_model_dir: Path, text_dataset: Path
+) -> None:
+    import psutil
+    import torch
+
+    ray_service.token.write_text("hold")
+    job_id = ray_service.submit(job_spec(tiny_model_dir, text_dataset), max_retries=1)
+    ray_service.wait_held(job_id)  # both nodes trained to step 2 and wait there
+
+    running = ray_service.job(job_id)
+    assert running["engine"] == {"name": "ray", "job_id": f"twinkle-{job_id}-attempt-1", "state": "RUNNING"}
+    group = ray_service.placement_group(job_id, 1)
+    assert group.state == "CREATED", group
+    assert len({bundle.get("node_id") for bundle in group.bundles}) == 2, group  # STRICT_SPREAD
+    victims = node_processes(ray_service.job_dir(job_id), node=1)
+    assert len(victims) >= 2  # node 1's torchrun and its rank
+    for proc in victims:
+        proc.kill()
+    psutil.wait_procs(victims, timeout=30)
+
+    job = ray_service.svc.wait_terminal(job_id, timeout=420)
+    assert job["status"] == "succeeded" and job["attempt"] == 2, (job, ray_service.svc.worker_log())
+    assert job["engine"] == {"name": "ray", "job_id": f"twinkle-{job_id}-attempt-2", "state": "SUCCEEDED"}
+    messages = ray_service.messages(job_id)
+    assert any("killed by signal 9" in m for m in messages), messages
+    resumed = [m for m in messages if "resuming from checkpoint" in m]
+    assert len(resumed) == 1 and resumed[0].endswith("step-2"), messages
+    assert [ray_service.ray_status(job_id, n) for n in (1, 2)] == ["FAILED", "SUCCEEDED"]
+    assert [ray_service.placement_group(job_id, n).state for n in (1, 2)] == ["REMOVED", "REMOVED"]
+
+    # The same run as a 2-node torchrun gang: every step's loss, and the final weights bit for bit.
+    gang = gang_reference.result()
+    assert step_losses(ray_service.job_dir(job_id)) == step_losses(gang)
+    assert sorted(step_losses(gang)) == list(range(1, MAX_STEPS + 1))
+    expected, got = final_weights(gang), final_weights(ray_service.job_dir(job_id))
+    assert expected.keys() == got.keys()
+    assert [name for name in expected if not torch.equal(expected[name], got[name])] == []
+    assert node_processes(ray_service.job_dir(job_id)) == []
+
+
+def test_cancel_leaves_nothing_on_the_cluster(
+    ray_service: RayService, tiny_model_dir: Path, text_dataset: Path
+) -> None:
+    ray_service.token.write_text("hold")
+    job_id = ray_service.submit(job_spec(tiny_model_dir, text_dataset))
+    ray_service.wait_held(job_id)
+    assert len(ray_service.live_node_actors()) == 2
+    with ray_service.svc.client() as client:
+        assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
+    job = ray_service.svc.wait_terminal(job_id, timeout=120)
+    assert job["status"] == "cancelled", (job, ray_service.svc.worker_log())
+    assert ray_service.ray_status(job_id, 1) == "STOPPED"
+    assert job["engine"]["state"] == "STOPPED"
+    assert ray_service.placement_group(job_id, 1).state == "REMOVED"
+    assert ray_service.live_node_actors() == []
+    assert node_processes(ray_service.job_dir(job_id)) == []
+
+
+def test_pause_reaches_every_node(ray_service: RayService, tiny_model_dir: Path, text_dataset: Path) -> None:
+    ray_service.token.write_text("hold")
+    job_id = ray_service.submit(job_spec(tiny_model_dir, text_dataset))
+    ray_service.wait_held(job_id)
+    with ray_service.svc.client() as client:
+        assert client.post(f"/v1/jobs/{job_id}/pause").status_code == 200
+    deadline = time.monotonic() + 120
+    while (job := ray_service.job(job_id))["status"] != "paused":
+        assert job["status"] in ("running", "pausing") and time.monotonic() < deadline, job
+        time.sleep(0.3)
+    log = (ray_service.job_dir(job_id) / "logs" / "attempt-1.log").read_text()
+    assert "signal 10 sent to 2 ranks on 2 nodes" in log, log[-3000:]
+    # Every node's ranks stopped at the pause checkpoint and exited 0: the Ray job succeeded.
+    assert ray_service.ray_status(job_id, 1) == "SUCCEEDED"
+    assert "/checkpoints/step-" in job["resume_from"]
+    assert ray_service.placement_group(job_id, 1).state == "REMOVED"
+    assert node_processes(ray_service.job_dir(job_id)) == []
+    with ray_service.svc.client() as client:
+        assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200  # paused: ends here
