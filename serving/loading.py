@@ -8,7 +8,9 @@ cache can make room first instead of holding the new model and the evicted ones 
 
 from __future__ import annotations
 
+import json
 import logging
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,7 +70,22 @@ def base_dir(target: Target) -> Path:
 
 
 def safetensors_bytes(directory: Path) -> int:
-    return sum(path.stat().st_size for path in directory.glob("*.safetensors"))
+    """The tensor bytes of the safetensors files in `directory`, read from their headers (an
+    8-byte length, then JSON with each tensor's data offsets): exact, unlike the file sizes."""
+    total = 0
+    for path in directory.glob("*.safetensors"):
+        try:
+            with path.open("rb") as fh:
+                header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+            total += sum(
+                end - start
+                for name, info in header.items()
+                if name != "__metadata__"
+                for start, end in [info["data_offsets"]]
+            )
+        except (OSError, ValueError, KeyError, struct.error):
+            total += path.stat().st_size
+    return total
 
 
 def estimate_bytes(target: Target) -> int:
