@@ -1,10 +1,14 @@
-"""Checkpoint directories: atomic completion, discovery and retention.
+"""Checkpoint directories: atomic completion, discovery, retention, and their HF view.
 
 A checkpoint is written into a temporary sibling directory (`.tmp-<name>`), its files are
 fsynced, the completion marker `COMPLETE` is written last, and the directory is renamed to its
 final name. A directory without the marker is never used: `latest_complete_checkpoint` skips it,
 and `TransformersModel.resume_from_checkpoint` refuses it. Pure Python (no torch), so the worker
-can import it cheaply.
+can import it cheaply; only `hf_model_dir` imports torch, and only to consolidate.
+
+Two layouts hold the weights: plain Hugging Face files at the top level (the full model or a
+LoRA adapter), or, for FSDP2 checkpoints, each rank's shard in the DCP directory `dcp/` (with the
+optimizer). `hf_model_dir` gives readers the first kind for both.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +27,11 @@ COMPLETE_MARKER = "COMPLETE"
 TRAINER_STATE_FILE = "trainer_state.json"
 CHECKPOINTS_DIR = "checkpoints"
 BEST_FILE = "best.json"
+SHARDED_STATE_DIR = "dcp"  # DCP checkpoint of the model ("model") and optimizer ("optimizer")
+CONSOLIDATED_DIR = "hf"  # the HF files consolidated from SHARDED_STATE_DIR, on first use
+HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors")
+# What a consolidated directory does not copy from the checkpoint: the training state.
+_TRAINING_STATE_FILES = frozenset({COMPLETE_MARKER, TRAINER_STATE_FILE, BEST_FILE})
 TRAINER_STATE_FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 T = TypeVar("T")
@@ -81,12 +91,52 @@ def hf_model_dir(checkpoint_dir: str | Path) -> Path:
 
     The one way for readers outside the training loop (inference, export, `model_id=<checkpoint>`)
     to get at a checkpoint's weights, so that they need not know its layout. A checkpoint with
-    HF weights at its top level is its own answer.
+    HF weights at its top level is its own answer. A sharded one (`dcp/`) is consolidated on first
+    use into `<checkpoint>/hf`: built under a unique temporary name and renamed into place, so a
+    reader never sees a partial directory, and two processes consolidating at once both succeed
+    (the second rename fails on the first one's directory, and its own copy is dropped).
     """
     path = Path(checkpoint_dir)
     if not is_complete(path):
         raise ValueError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker)")
-    return path
+    if has_hf_weights(path):
+        return path
+    consolidated = path / CONSOLIDATED_DIR
+    if consolidated.is_dir():
+        return consolidated
+    if not (path / SHARDED_STATE_DIR).is_dir():
+        raise ValueError(f"{path} holds no model weights (neither HF files nor {SHARDED_STATE_DIR}/)")
+    temp = path / f".tmp-{CONSOLIDATED_DIR}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        temp.mkdir()
+        # torch only here: the worker and the server import this module without it.
+        from twinkle_core.consolidate import write_consolidated_weights
+
+        write_consolidated_weights(path / SHARDED_STATE_DIR, temp, config_dir=path)
+        for item in path.iterdir():
+            if (
+                item.is_file()
+                and item.name not in _TRAINING_STATE_FILES
+                and item.suffix not in (".pt", ".pth")
+            ):
+                shutil.copy2(item, temp / item.name)
+        fsync_tree(temp)
+        try:
+            os.rename(temp, consolidated)
+        except OSError:
+            if not consolidated.is_dir():
+                raise
+            # Another process consolidated it first: its directory is as good as ours.
+        else:
+            _fsync_dir(path)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    return consolidated
+
+
+def has_hf_weights(path: str | Path) -> bool:
+    """The checkpoint (or model directory) holds plain HF weights at its top level."""
+    return any((Path(path) / name).is_file() for name in HF_WEIGHT_FILES)
 
 
 def read_trainer_state(path: str | Path) -> dict[str, Any]:

@@ -466,13 +466,18 @@ class JobRunner:
             ],
         )
 
-    def save_checkpoint(self) -> str:
+    def save_checkpoint(self, hf_weights: bool | None = None) -> str:
+        """Checkpoint this step. `hf_weights` as `TransformersModel.save` takes it: None lets an
+        FSDP2 job write its shards alone (fast; consolidated when first read), True writes the HF
+        weights (the final checkpoint)."""
         from twinkle_core import checkpoint as ckpt
 
         model, tracking = self.model, self.tracking
         step = model.cur_step
         final = ckpt.step_dir(self.checkpoint_root, step)
         if tracking.last_saved_step == step and ckpt.is_complete(final):
+            if hf_weights and model.info.is_main:
+                ckpt.hf_model_dir(final)  # saved sharded a moment ago: consolidate it now
             return str(final)
         evaluated_now = tracking.last_eval_step == step
         is_best = evaluated_now and tracking.best_eval_loss == tracking.last_eval_loss
@@ -485,6 +490,7 @@ class JobRunner:
             save_optimizer=True,
             consumed_train_samples=tracking.boundary_consumed,
             trainer_state_extra=tracking.extra_state(),
+            hf_weights=hf_weights,
         )
         tracking.last_saved_step = step
         metrics = {"eval_loss": tracking.last_eval_loss} if evaluated_now else {}
@@ -501,7 +507,8 @@ class JobRunner:
     def finish(self) -> int:
         if self.eval_loader is not None and self.tracking.last_eval_step != self.model.cur_step:
             self.evaluate()
-        path = self.save_checkpoint()
+        # The final checkpoint is what users load, serve and export: it carries the HF weights.
+        path = self.save_checkpoint(hf_weights=True)
         self.progress.emit("done", step=self.model.cur_step, final_checkpoint=path)
         return EXIT_OK
 

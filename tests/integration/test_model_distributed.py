@@ -18,7 +18,17 @@ from dist_scripts.launch import SCRIPTS, torchrun
 pytestmark = pytest.mark.slow
 
 SCRIPT = str(SCRIPTS / "model_checks.py")
-CONFIGS = ["ddp", "fsdp2", "ddp_lora", "fsdp2_lora", "ddp_bf16", "fsdp2_bf16", "ddp_fp16", "fsdp2_fp16"]
+CONFIGS = [
+    "ddp",
+    "fsdp2",
+    "ddp_lora",
+    "fsdp2_lora",
+    "ddp_bf16",
+    "fsdp2_bf16",
+    "ddp_fp16",
+    "fsdp2_fp16",
+    "fsdp2_hf",  # FSDP2 with the HF layout (hf_weights=True); plain "fsdp2" checkpoints are sharded
+]
 
 
 def _launch(phase: str, work: Path, model_dir: Path, data: Path, nproc: int = 2) -> dict[str, Any]:
@@ -74,23 +84,52 @@ def test_only_the_chosen_adapter_trains(trained: dict[str, Any]) -> None:
     assert trained["train"]["fsdp2_lora"]["other_adapter_untouched"]
 
 
-def test_checkpoints_are_plain_hf_and_load_back(trained: dict[str, Any], tiny_model_dir: Path) -> None:
+def test_checkpoints_load_as_hf_models_in_either_layout(
+    trained: dict[str, Any], tiny_model_dir: Path
+) -> None:
+    import torch
     from peft import PeftModel
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from twinkle_core.checkpoint import is_complete, read_trainer_state
+    from twinkle_core.checkpoint import hf_model_dir, is_complete, read_trainer_state
 
     work: Path = trained["work"]
-    full = work / "fsdp2" / "straight"
-    assert is_complete(full)
-    state = read_trainer_state(full)
-    assert state["format_version"] == 1 and state["world_size"] == 2 and state["cur_step"] == 4
-    assert (full / "tokenizer.json").is_file() and (full / "optimizer").is_dir()
-    assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in full.iterdir()}
-    AutoModelForCausalLM.from_pretrained(str(full))
+    sharded, plain = work / "fsdp2" / "straight", work / "fsdp2_hf" / "straight"
+    for full in (sharded, plain):
+        assert is_complete(full)
+        state = read_trainer_state(full)
+        assert state["format_version"] == 1 and state["world_size"] == 2 and state["cur_step"] == 4
+        assert (full / "tokenizer.json").is_file() and (full / "config.json").is_file()
+        assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in full.iterdir()}
+    # Sharded: each rank's shards of model and optimizer in one DCP save, no HF weights until read.
+    assert read_trainer_state(sharded)["weights"] == "sharded"
+    assert {p.name for p in (sharded / "dcp").iterdir()} >= {".metadata", "__0_0.distcp", "__1_0.distcp"}
+    assert not (sharded / "model.safetensors").exists() and not (sharded / "optimizer").exists()
+    assert read_trainer_state(plain)["weights"] == "hf" and hf_model_dir(plain) == plain
+    consolidated = hf_model_dir(sharded)
+    assert consolidated == sharded / "hf" and hf_model_dir(sharded) == consolidated
+    # The two layouts of the same training hold the same weights, bit for bit.
+    a, b = load_file(str(consolidated / "model.safetensors")), load_file(str(plain / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    AutoModelForCausalLM.from_pretrained(str(consolidated))
     base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
-    PeftModel.from_pretrained(base, str(work / "fsdp2_lora" / "straight"))
+    PeftModel.from_pretrained(base, str(hf_model_dir(work / "fsdp2_lora" / "straight")))
     assert (work / "ddp_fp16" / "straight" / "scaler.pt").is_file()
+
+
+def test_a_sharded_checkpoint_is_a_model_id(trained: dict[str, Any]) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from twinkle_core.checkpoint import hf_model_dir
+    from twinkle_core.model import TransformersModel
+
+    checkpoint = trained["work"] / "fsdp2_bf16" / "half"
+    model = TransformersModel(model_id=str(checkpoint), mixed_precision="no")
+    saved = load_file(str(hf_model_dir(checkpoint) / "model.safetensors"))
+    loaded = model.model.state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in saved.items())
 
 
 def test_checkpoint_without_marker_is_refused(trained: dict[str, Any], tmp_path: Path) -> None:

@@ -23,7 +23,10 @@ HYBRID = ["--fsdp-size", "2", "--max-steps", "4"]
 def model_weights(checkpoint: Path) -> dict[str, object]:
     from safetensors.torch import load_file
 
-    return dict(load_file(str(checkpoint / "model.safetensors")))
+    from twinkle_core.checkpoint import hf_model_dir
+
+    # FSDP2 checkpoints are sharded: hf_model_dir consolidates them (as inference and export do).
+    return dict(load_file(str(hf_model_dir(checkpoint) / "model.safetensors")))
 
 
 def test_cookbook_default_strategy_on_a_2x2_mesh_resumes_bitwise(tmp_path: Path) -> None:

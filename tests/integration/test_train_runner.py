@@ -60,8 +60,11 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _weights(checkpoint: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
-    adapter = checkpoint / "adapter_model.safetensors"
-    return load_file(str(adapter if adapter.is_file() else checkpoint / "model.safetensors"))
+    from twinkle_core.checkpoint import hf_model_dir
+
+    files = hf_model_dir(checkpoint)  # an FSDP2 job's checkpoints before the last are sharded
+    adapter = files / "adapter_model.safetensors"
+    return load_file(str(adapter if adapter.is_file() else files / "model.safetensors"))
 
 
 def _catches(process: psutil.Process, sig: signal.Signals) -> bool:

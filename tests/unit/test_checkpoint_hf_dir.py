@@ -60,3 +60,76 @@ def test_only_a_complete_checkpoint_has_one(tiny_model_dir: Path, tmp_path: Path
         hf_model_dir(path)
     with pytest.raises(ValueError, match="not a complete checkpoint"):
         hf_model_dir(tmp_path / "missing")
+
+
+# --------------------------------------------------------------------- the sharded layout
+def _sharded(model_dir: Path) -> TransformersModel:
+    """Full-parameter FSDP2 in one process (a trivial gloo group): saves the sharded layout."""
+    torch.manual_seed(0)
+    model = TransformersModel(model_id=str(model_dir), strategy="native_fsdp", mixed_precision="no")
+    model.set_optimizer("adamw", lr=1e-2)
+    return model
+
+
+def _step(model: TransformersModel) -> None:
+    encoded = model.tokenizer(["a robot builds long books and old maps."], return_tensors="pt")
+    model.forward_backward(inputs={**encoded, "labels": encoded["input_ids"].clone()})
+    model.clip_grad_and_step()
+
+
+def test_a_sharded_checkpoint_is_consolidated_once_even_when_raced(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transformers import AutoModelForCausalLM
+
+    from twinkle_core.checkpoint import read_trainer_state
+    from twinkle_core.model.state_io import full_model_state_dict
+
+    model = _sharded(tiny_model_dir)
+    _step(model)
+    path = Path(model.save("step-1", output_dir=tmp_path, save_optimizer=True))
+    assert read_trainer_state(path)["weights"] == "sharded"
+    assert (path / "dcp" / ".metadata").is_file() and (path / "config.json").is_file()
+    assert not (path / "model.safetensors").exists() and not (path / "optimizer").exists()
+
+    # Four readers at once (inference, export, a job's model_id...): one answer, no debris.
+    with ThreadPoolExecutor(4) as pool:
+        answers = set(pool.map(hf_model_dir, [path] * 4))
+    assert answers == {path / "hf"}
+    assert not [p for p in path.iterdir() if p.name.startswith(".tmp-")]
+    weights = path / "hf" / "model.safetensors"
+    written = weights.stat().st_mtime_ns
+    assert hf_model_dir(path) == path / "hf" and weights.stat().st_mtime_ns == written  # cached
+
+    trained = full_model_state_dict(model.wrapped)
+    loaded = AutoModelForCausalLM.from_pretrained(str(path / "hf")).state_dict()
+    assert trained.keys() == loaded.keys()
+    assert all(torch.equal(trained[k], loaded[k]) for k in trained)
+
+
+def test_a_sharded_checkpoint_resumes_bitwise_and_hf_weights_true_writes_hf(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from twinkle_core.checkpoint import has_hf_weights, read_trainer_state
+    from twinkle_core.model.state_io import full_model_state_dict
+
+    model = _sharded(tiny_model_dir)
+    _step(model)
+    sharded = model.save("sharded", output_dir=tmp_path, save_optimizer=True)
+    plain = model.save("plain", output_dir=tmp_path, save_optimizer=True, hf_weights=True)
+    assert has_hf_weights(plain) and read_trainer_state(plain)["weights"] == "hf"
+    with pytest.raises(ValueError, match="hf_weights must be True, False or None"):
+        model.save("bad", output_dir=tmp_path, hf_weights="yes")  # type: ignore[arg-type]
+    _step(model)
+    expected = full_model_state_dict(model.wrapped)
+    for checkpoint in (sharded, plain):
+        again = _sharded(tiny_model_dir)
+        assert again.resume_from_checkpoint(checkpoint)["cur_step"] == 1
+        _step(again)
+        state = full_model_state_dict(again.wrapped)
+        assert all(torch.equal(expected[k], state[k]) for k in expected), checkpoint
+    fresh = _sharded(tiny_model_dir)
+    fresh.resume_from_checkpoint(sharded, resume_only_model=True)
+    assert fresh.cur_step == 0

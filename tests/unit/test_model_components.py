@@ -159,6 +159,7 @@ def test_the_model_delegates_checkpoints_and_applies_the_progress(tiny_model_dir
             "consumed_train_samples": 0,
             "window_rng": None,  # outside a window: the checkpointer takes the current RNG
             "trainer_state_extra": None,
+            "hf_weights": None,  # the checkpointer's default layout for the strategy
         },
     )
     assert model.resume_from_checkpoint("ckpt", resume_only_model=True)["cur_step"] == 7

@@ -1,11 +1,19 @@
 """Checkpointer: writing and reading one checkpoint directory of a model, and exporting it.
 
-A checkpoint folder holds plain HF weights (the full model, or the LoRA adapter alone) and the
-tokenizer, so that it also loads as a model; with the optimizer it also holds what an exact resume
-needs: the sharded optimizer state (DCP, one shard per rank), the scheduler, the fp16 scaler, each
-rank's RNG state, and `trainer_state.json` (progress and the settings a resume must match). It is
-written into a temporary directory and made complete by `twinkle_core.checkpoint.finalize`
-(marker last, atomic rename), and only complete folders are ever read.
+A checkpoint folder holds the weights in one of two layouts (`twinkle_core.checkpoint`):
+
+- HF: plain HF weights (the full model, or the LoRA adapter alone) at the top level, so that the
+  folder also loads as a model. DDP, LoRA, and any checkpoint saved with `hf_weights=True`.
+- sharded: full-parameter FSDP2 by default. Each rank writes only its own shards of the model and
+  optimizer, in one DCP save (`dcp/`), with the config beside it; nothing is gathered, and a
+  resume reads each rank's shards alone. `twinkle_core.checkpoint.hf_model_dir` consolidates the
+  HF files on first use (inference, export, `model_id=<checkpoint>`).
+
+Both also hold the tokenizer, and with the optimizer what an exact resume needs: the sharded
+optimizer state (DCP, one shard per rank), the scheduler, the fp16 scaler, each rank's RNG state,
+and `trainer_state.json` (progress and the settings a resume must match). A checkpoint is written
+into a temporary directory and made complete by `twinkle_core.checkpoint.finalize` (marker last,
+atomic rename), and only complete folders are ever read.
 
 `Checkpointer` is the contract the model wrapper relies on; `HFCheckpointer` implements it for
 any object with the parts listed in `CheckpointedModel` (TransformersModel is one, and passes
@@ -43,9 +51,12 @@ class Checkpointer(Protocol):
         consumed_train_samples: int,
         window_rng: dict[str, Any] | None,
         trainer_state_extra: dict[str, Any] | None,
+        hf_weights: bool | None = None,
     ) -> str:
         """Write `<output_dir>/<name>` atomically and return its path. `window_rng` is the RNG
-        state of the open accumulation window's start (None outside a window: the current one)."""
+        state of the open accumulation window's start (None outside a window: the current one).
+        `hf_weights`: write HF weights (True) or the sharded layout (False); None: sharded for a
+        sharded strategy's full weights, HF otherwise."""
         ...
 
     def resume(
@@ -110,6 +121,7 @@ class HFCheckpointer:
         consumed_train_samples: int,
         window_rng: dict[str, Any] | None,
         trainer_state_extra: dict[str, Any] | None,
+        hf_weights: bool | None = None,
     ) -> str:
         info, optim = owner.info, owner.optim
         if not name or "/" in name or name.startswith("."):
@@ -122,10 +134,20 @@ class HFCheckpointer:
             shutil.rmtree(temp, ignore_errors=True)
             temp.mkdir(parents=True)
         barrier()
-        self._save_weights(owner, temp)
+        sharded = self._sharded_layout(owner, hf_weights)
+        if sharded:
+            # Model and optimizer in one DCP save: one planning round, each rank its own shards.
+            state_io.save_sharded(
+                owner.wrapped, optim.optimizer if save_optimizer else None, temp / state_io.SHARDED_DIR
+            )
+            if info.is_main:
+                self._save_model_files(owner, temp)
+        else:
+            self._save_weights(owner, temp)
         if save_optimizer:
             assert optim.optimizer is not None
-            state_io.save_optimizer(owner.wrapped, optim.optimizer, temp / state_io.OPTIMIZER_DIR)
+            if not sharded:
+                state_io.save_optimizer(owner.wrapped, optim.optimizer, temp / state_io.OPTIMIZER_DIR)
             # Taken here, after the optimizer's DCP save, exactly where it always was.
             rng = window_rng if window_rng is not None else state_io.rng_state()
             torch.save(rng, temp / state_io.rng_file(info.rank))
@@ -147,12 +169,32 @@ class HFCheckpointer:
                 "mixed_precision": owner.mixed_precision,
                 "adapter_name": owner.train_adapter,
                 "has_optimizer": save_optimizer,
+                "weights": "sharded" if sharded else "hf",
                 **(trainer_state_extra or {}),
             }
             (temp / ckpt.TRAINER_STATE_FILE).write_text(json.dumps(state, indent=2))
             ckpt.finalize(temp, final)
         barrier()
         return str(final)
+
+    @staticmethod
+    def _sharded_layout(owner: CheckpointedModel, hf_weights: bool | None) -> bool:
+        if hf_weights is not None and not isinstance(hf_weights, bool):
+            raise ValueError(f"hf_weights must be True, False or None, got {hf_weights!r}")
+        if owner.train_adapter is not None:
+            return False  # an adapter is small: always its plain HF files
+        return not hf_weights if hf_weights is not None else owner.strategy.sharded
+
+    def _save_model_files(self, owner: CheckpointedModel, directory: Path) -> None:
+        """What a sharded checkpoint needs beside its shards to become an HF folder: the config,
+        the generation config and the tokenizer (rank 0)."""
+        model = base_model(owner.model)
+        model.config.save_pretrained(str(directory))
+        generation = getattr(model, "generation_config", None)
+        if generation is not None and model.can_generate():
+            generation.save_pretrained(str(directory))
+        if owner.tokenizer is not None:
+            owner.tokenizer.save_pretrained(str(directory))
 
     def _save_weights(self, owner: CheckpointedModel, directory: Path) -> None:
         full_state = state_io.full_model_state_dict(owner.wrapped)
@@ -183,22 +225,40 @@ class HFCheckpointer:
                 f"{info.world_size}: exact resume needs the same world size (per-rank RNG and data "
                 "order); use resume_only_model=True to start over from its weights"
             )
-        self._load_weights(owner, path)
         progress = {
             "cur_step": int(state["cur_step"]),
             "consumed_train_samples": int(state["consumed_train_samples"]),
             "gradient_accumulation_steps": int(state["gradient_accumulation_steps"]),
         }
+        sharded = (path / state_io.SHARDED_DIR).is_dir() and not ckpt.has_hf_weights(path)
+        if not resume_only_model:
+            if optim.optimizer is None:
+                raise ValueError(
+                    "set_optimizer (and set_lr_scheduler) must come before resume_from_checkpoint"
+                )
+            optimizer_dir = state_io.SHARDED_DIR if sharded else state_io.OPTIMIZER_DIR
+            if not state.get("has_optimizer") or not (path / optimizer_dir).is_dir():
+                raise ValueError(
+                    f"checkpoint {path} has no optimizer state (saved with save_optimizer=False)"
+                )
+        # Before the first optimizer step (a stop inside the first window) the saved optimizer state
+        # is empty, which is what a fresh optimizer already holds; DCP has no keys to load then.
+        with_optimizer = not resume_only_model and progress["cur_step"] > 0
+        if sharded:
+            if owner.train_adapter is not None:
+                raise ValueError(
+                    f"{path} holds full weights but this model trains adapter {owner.train_adapter!r}"
+                )
+            state_io.load_sharded(
+                owner.wrapped, optim.optimizer if with_optimizer else None, path / state_io.SHARDED_DIR
+            )
+        else:
+            self._load_weights(owner, path)
+            if with_optimizer:
+                assert optim.optimizer is not None
+                state_io.load_optimizer(owner.wrapped, optim.optimizer, path / state_io.OPTIMIZER_DIR)
         if resume_only_model:
             return progress
-        if optim.optimizer is None:
-            raise ValueError("set_optimizer (and set_lr_scheduler) must come before resume_from_checkpoint")
-        if not state.get("has_optimizer") or not (path / state_io.OPTIMIZER_DIR).is_dir():
-            raise ValueError(f"checkpoint {path} has no optimizer state (saved with save_optimizer=False)")
-        if progress["cur_step"] > 0:
-            # Before the first optimizer step (a stop inside the first window) the saved state is
-            # empty, which is what a fresh optimizer already holds; DCP has no keys to load then.
-            state_io.load_optimizer(owner.wrapped, optim.optimizer, path / state_io.OPTIMIZER_DIR)
         if optim.lr_scheduler is not None:
             scheduler_file = path / state_io.SCHEDULER_FILE
             if not scheduler_file.is_file():
@@ -273,5 +333,11 @@ def looks_like_checkpoint(path: Path) -> bool:
     """A directory written by `save` (complete or not): a temporary name or training-state files."""
     if path.name.startswith((".tmp-", ".old-")):
         return True
-    markers = (ckpt.TRAINER_STATE_FILE, state_io.OPTIMIZER_DIR, state_io.SCHEDULER_FILE, state_io.SCALER_FILE)
+    markers = (
+        ckpt.TRAINER_STATE_FILE,
+        state_io.OPTIMIZER_DIR,
+        state_io.SHARDED_DIR,
+        state_io.SCHEDULER_FILE,
+        state_io.SCALER_FILE,
+    )
     return any((path / name).exists() for name in markers) or any(path.glob("rng_state_*.pth"))

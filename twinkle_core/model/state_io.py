@@ -1,4 +1,5 @@
-"""Saving and restoring the stateful parts of training: weights, optimizer (DCP), RNG per rank."""
+"""Saving and restoring the stateful parts of training: weights (HF files, or sharded through DCP),
+optimizer (DCP), RNG per rank."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from twinkle_core.checkpoint import SHARDED_STATE_DIR
+
 OPTIMIZER_DIR = "optimizer"
+SHARDED_DIR = SHARDED_STATE_DIR  # model (+ optimizer) of a sharded checkpoint, one DCP save
 SCHEDULER_FILE = "scheduler.pt"
 SCALER_FILE = "scaler.pt"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -86,6 +90,46 @@ def load_optimizer(wrapped: nn.Module, optimizer: torch.optim.Optimizer, directo
     state = {"optimizer": get_optimizer_state_dict(wrapped, optimizer)}
     dcp.load(state, checkpoint_id=str(directory))
     set_optimizer_state_dict(wrapped, optimizer, state["optimizer"])
+
+
+def save_sharded(wrapped: nn.Module, optimizer: torch.optim.Optimizer | None, directory: Path) -> None:
+    """The model's (and optimizer's) sharded state in one DCP save: every rank writes only its own
+    shards, nothing is gathered. Collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if optimizer is None:
+        state: dict[str, Any] = {"model": get_model_state_dict(wrapped)}
+    else:
+        model_state, optim_state = get_state_dict(wrapped, optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+    dcp.save(state, checkpoint_id=str(directory))
+
+
+def load_sharded(wrapped: nn.Module, optimizer: torch.optim.Optimizer | None, directory: Path) -> None:
+    """Restore `save_sharded`'s state (the optimizer too unless None): each rank reads only the
+    parts of the files its own shards need (DCP reshards when the layout differs). Collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
+
+    if optimizer is None:
+        model_only: dict[str, Any] = {"model": get_model_state_dict(wrapped)}
+        dcp.load(model_only, checkpoint_id=str(directory))
+        _check_keys(set_model_state_dict(wrapped, model_only["model"]), strict=True)
+        return
+    # get_state_dict creates the optimizer's state tensors (a zero-lr step) that DCP loads into.
+    model_state, optim_state = get_state_dict(wrapped, optimizer)
+    state: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
+    dcp.load(state, checkpoint_id=str(directory))
+    result = set_state_dict(
+        wrapped, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
+    _check_keys(result, strict=True)
 
 
 def rng_state() -> dict[str, Any]:

@@ -86,6 +86,13 @@ def _finish_loss(window: _Window) -> None:
     window.global_loss = float(window.loss_tensor[0]) / max(float(window.global_tokens), 1.0)
 
 
+def _model_files(model_id: str) -> tuple[Path, Path]:
+    """The directory `model_id` names and where its HF files are: itself, or for a complete
+    checkpoint `twinkle_core.checkpoint.hf_model_dir` (a sharded one consolidated on first use)."""
+    path = resolve_model_id(model_id)
+    return path, (ckpt.hf_model_dir(path) if ckpt.is_complete(path) else path)
+
+
 def _decoding_arguments(module: nn.Module) -> tuple[str, dict[str, Any]]:
     """The KV-cache argument name of the causal LM under `module` (peft's base model, if any):
     `cache` since transformers 5.2x, `past_key_values` before and in remote-code models; and
@@ -185,17 +192,19 @@ class TransformersModel:
             return None
         if not isinstance(model_id, str) or not model_id:
             raise ValueError(f"model_id must be a non-empty string, got {model_id!r}")
-        # One download per node: local rank 0 fetches into the cache, the others then find it there.
+        # One download per node: local rank 0 fetches into the cache (and consolidates a sharded
+        # checkpoint), the others then find it there.
         if self.info.local_rank == 0:
-            path = resolve_model_id(model_id)
+            path, weights = _model_files(model_id)
         barrier()
         if self.info.local_rank != 0:
-            path = resolve_model_id(model_id)
+            path, weights = _model_files(model_id)
         if looks_like_checkpoint(path) and not ckpt.is_complete(path):
             raise ValueError(
                 f"model_id {model_id}: an incomplete checkpoint (no {ckpt.COMPLETE_MARKER} marker, or a "
                 "temporary .tmp-/.old- directory) is never loaded"
             )
+        path = weights
         if (path / state_io.ADAPTER_WEIGHTS).exists() and not (path / "config.json").exists():
             raise ValueError(
                 f"model_id {model_id} is a LoRA checkpoint: build the base model and call "
@@ -598,12 +607,16 @@ class TransformersModel:
         save_optimizer: bool = False,
         consumed_train_samples: int = 0,
         trainer_state_extra: dict[str, Any] | None = None,
+        hf_weights: bool | None = None,
     ) -> str:
         """Write a checkpoint `<output_dir>/<name>` atomically (marker last); returns its path.
 
-        Every rank must call it. Weights are plain HF files (full model or the LoRA adapter) plus
-        the tokenizer; with `save_optimizer` also the sharded optimizer (DCP), scheduler, scaler,
-        per-rank RNG state. `trainer_state.json` records the progress.
+        Every rank must call it. Weights are plain HF files (full model or the LoRA adapter), or,
+        by default for FSDP2 full-parameter training, each rank's shards (DCP, no gather; set
+        `hf_weights=True` to write the HF files instead, as for a final checkpoint, or False to
+        shard under any strategy); `twinkle_core.checkpoint.hf_model_dir` gives the HF files of
+        either. Plus the tokenizer; with `save_optimizer` also the sharded optimizer (DCP),
+        scheduler, scaler, per-rank RNG state. `trainer_state.json` records the progress.
 
         A checkpoint always describes an optimizer-step boundary: called inside an accumulation
         window it saves the RNG state of the window's start, and the window's gradients (which are
@@ -620,6 +633,7 @@ class TransformersModel:
             consumed_train_samples=consumed_train_samples,
             window_rng=window.rng if window.micro_batches > 0 else None,
             trainer_state_extra=trainer_state_extra,
+            hf_weights=hf_weights,
         )
 
     def resume_from_checkpoint(

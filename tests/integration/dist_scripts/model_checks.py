@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from twinkle_core import DeviceMesh
+from twinkle_core.checkpoint import hf_model_dir
 from twinkle_core.dataloader import DataLoader
 from twinkle_core.dataset import Dataset
 from twinkle_core.model import TransformersModel
@@ -37,6 +38,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "fsdp2_bf16": {"strategy": "native_fsdp", "mixed_precision": "bf16", "fsdp": 2},
     "ddp_fp16": {"strategy": "accelerate", "mixed_precision": "fp16"},
     "fsdp2_fp16": {"strategy": "native_fsdp", "mixed_precision": "fp16", "fsdp": 2},
+    # FSDP2 checkpoints are sharded (DCP) by default; this one writes the HF weights instead.
+    "fsdp2_hf": {"strategy": "native_fsdp", "mixed_precision": "no", "fsdp": 2, "hf_weights": True},
 }
 
 
@@ -101,12 +104,18 @@ def phase_train(work: Path, model_dir: str, data_file: str) -> dict[str, Any]:
         data = loader(model, data_file)
         losses = train(model, data, STEPS)
         finals[name] = weights(model)
-        model.save("straight", output_dir=work / name, save_optimizer=True)
+        model.save("straight", output_dir=work / name, save_optimizer=True, hf_weights=cfg.get("hf_weights"))
         model = build(model_dir, cfg)
         data = loader(model, data_file)
         train(model, data, STEPS // 2)
         consumed = data.get_state()["consumed_train_samples"]
-        model.save("half", output_dir=work / name, save_optimizer=True, consumed_train_samples=consumed)
+        model.save(
+            "half",
+            output_dir=work / name,
+            save_optimizer=True,
+            consumed_train_samples=consumed,
+            hf_weights=cfg.get("hf_weights"),
+        )
         out[name] = {"losses": losses}
         if cfg.get("lora"):
             state = finals[name]
@@ -143,10 +152,11 @@ def phase_resume(work: Path, model_dir: str, data_file: str) -> dict[str, Any]:
         resumed = model.resume_from_checkpoint(work / name / "half")
         data.resume_from_checkpoint(resumed["consumed_train_samples"])
         train(model, data, STEPS)
-        path = Path(model.save("resumed", output_dir=work / name))
+        path = Path(model.save("resumed", output_dir=work / name, hf_weights=cfg.get("hf_weights")))
         weight_file = "adapter_model.safetensors" if cfg.get("lora") else "model.safetensors"
-        straight = load_file(str(work / name / "straight" / weight_file))
-        again = load_file(str(path / weight_file))
+        # Every rank consolidates a sharded checkpoint at once: hf_model_dir must stand the race.
+        straight = load_file(str(hf_model_dir(work / name / "straight") / weight_file))
+        again = load_file(str(hf_model_dir(path) / weight_file))
         out[name] = {"resumed": resumed, "bitwise": bitwise(straight, again)}
     return out
 
