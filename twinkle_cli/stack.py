@@ -1,4 +1,5 @@
-"""A local stack: the API server and a worker as child processes, for `up` and `demo`.
+"""A local stack: the API server, a worker and an inference host as child processes, for `up`
+and `demo`.
 
 Children are started as `python -m twinkle_cli.main server|worker` so they read the same
 TWINKLE_ environment; stopping the stack sends SIGTERM to each and waits, so a worker gets to end
@@ -49,6 +50,7 @@ class LocalStack:
     port: int = 8000
     worker_concurrency: int | None = None
     quiet: bool = False
+    serve: bool = True  # an inference host (`twinkle-jobs serve`), so /v1/chat/completions answers
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -81,6 +83,14 @@ class LocalStack:
         if self.worker_concurrency:
             worker_args += ["--concurrency", str(self.worker_concurrency)]
         self._spawn(*worker_args, log_name="worker.log")
+        if self.serve:
+            self._spawn(*self._serve_args(), log_name="serving.log")
+
+    def _serve_args(self) -> list[str]:
+        # The server finds the host in the database, so any free port will do unless the operator
+        # chose one (TWINKLE_SERVING_PORT): two stacks on one machine must not collide on 8001.
+        chosen = "serving_port" in self.settings.model_fields_set
+        return ["serve"] if chosen else ["serve", "--port", "0"]
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
