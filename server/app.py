@@ -36,6 +36,7 @@ from server.errors import install_error_handlers
 from server.exports.router import router as exports_router
 from server.files.router import MULTIPART_OVERHEAD
 from server.files.router import router as files_router
+from server.inference.router import router as inference_router
 from server.jobs.router import router as jobs_router
 from server.openai_compat.router import router as openai_router
 from server.progress.router import router as progress_router
@@ -165,6 +166,7 @@ def create_app(settings: Settings | None = None, dispatch: Callable[[str], None]
         files_router,
         cluster_router,
         openai_router,
+        inference_router,
         projects_router,
         tokens_router,
     )

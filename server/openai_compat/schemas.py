@@ -75,7 +75,10 @@ class FineTuningJob(BaseModel):
     created_at: int
     finished_at: int | None
     error: FineTuningError | None
-    fine_tuned_model: str | None = Field(description="The final checkpoint directory once succeeded")
+    fine_tuned_model: str | None = Field(
+        description="Once succeeded: the model name to call (`ft:<base>[:<suffix>]:<job id>`) in "
+        "/v1/chat/completions and /v1/completions; the directory is `twinkle_job.latest_checkpoint.path`"
+    )
     hyperparameters: ResolvedHyperparameters
     model: str
     organization_id: str
@@ -115,7 +118,9 @@ class FineTuningCheckpoint(BaseModel):
     object: Literal["fine_tuning.job.checkpoint"] = "fine_tuning.job.checkpoint"
     id: str
     created_at: int
-    fine_tuned_model_checkpoint: str
+    fine_tuned_model_checkpoint: str = Field(
+        description="The checkpoint's model name (`<job id>:ckpt-<step>`) for the inference endpoints"
+    )
     fine_tuning_job_id: str
     metrics: CheckpointMetrics
     step_number: int

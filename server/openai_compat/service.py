@@ -15,6 +15,8 @@ from pydantic import ValidationError
 
 from jobcore.db.models import Checkpoint, Job
 from server.errors import InvalidRequest, param_from_loc
+from server.inference import names
+from server.inference import service as inference
 from server.jobs.schemas import JobCreate, JobEventOut, JobOut
 from server.openai_compat.schemas import (
     CheckpointMetrics,
@@ -155,7 +157,7 @@ def present_job(job: Job, native: JobOut) -> FineTuningJob:
         created_at=int(job.created_at.timestamp()),
         finished_at=_unix(job.finished_at),
         error=error,
-        fine_tuned_model=latest.path if latest and job.status == "succeeded" else None,
+        fine_tuned_model=inference.fine_tuned_model(job) if latest and job.status == "succeeded" else None,
         hyperparameters=hyper,
         model=str(spec["model"].get("model_id") or ""),
         organization_id=job.project_id,
@@ -201,7 +203,7 @@ def present_checkpoint(checkpoint: Checkpoint) -> FineTuningCheckpoint:
     return FineTuningCheckpoint(
         id=checkpoint.id,
         created_at=int(checkpoint.created_at.timestamp()),
-        fine_tuned_model_checkpoint=checkpoint.path,
+        fine_tuned_model_checkpoint=names.checkpoint_model_name(checkpoint.job_id, checkpoint.step),
         fine_tuning_job_id=checkpoint.job_id,
         metrics=CheckpointMetrics(
             step=checkpoint.step, train_loss=metrics.get("loss"), valid_loss=metrics.get("eval_loss")

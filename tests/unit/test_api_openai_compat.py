@@ -74,7 +74,7 @@ def test_openai_client_full_session(api: Api, oa: openai.OpenAI) -> None:
     checkpoints = oa.fine_tuning.jobs.checkpoints.list(job.id)
     assert [c.id for c in checkpoints.data] == [ckpt["id"]]
     assert checkpoints.data[0].step_number == 2
-    assert checkpoints.data[0].fine_tuned_model_checkpoint == ckpt["path"]
+    assert checkpoints.data[0].fine_tuned_model_checkpoint == f"{job.id}:ckpt-2"  # callable as a model
     assert checkpoints.data[0].metrics.train_loss == pytest.approx(0.5)
 
     cancelled = oa.fine_tuning.jobs.cancel(job.id)

@@ -1,0 +1,178 @@
+"""Relay one OpenAI request to a serving host and its answer back, streamed as it comes.
+
+`HostRelay` is the endpoint's response: it sends the request to the first host that accepts the
+connection (a host whose heartbeat is fresh may still have just died), then passes the host's
+status, body and `Retry-After` through unchanged, byte for byte for Server-Sent Events.
+
+The client's connection is watched for the whole exchange, not only while bytes flow: when the
+client goes away (a closed stream, a killed script, a timeout on its side), the upstream
+request is closed at once, and the host, seeing its client gone, stops generating and frees the
+slot. Without that a long generation would hold a slot until `max_tokens` for nobody.
+
+Errors keep the service's envelope. A host's 4xx envelope about the request (400 over the
+context, 422 naming a field) reaches the client as is; a host that refuses the server itself
+(401/403: a wrong serving secret or jobs root) or fails (5xx other than 503) is a 502, since
+nothing the client changes would help.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import httpx
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
+
+from server.errors import error_json
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_SECONDS = 5.0
+# Generation time is bounded by the host (its load timeout, then max_tokens), not here: a read
+# timeout would cut a slow but healthy answer short.
+TIMEOUT = httpx.Timeout(connect=CONNECT_TIMEOUT_SECONDS, read=None, write=30.0, pool=CONNECT_TIMEOUT_SECONDS)
+NO_HOST_RETRY_AFTER_SECONDS = 10
+PASSED_HEADERS = ("content-type", "retry-after")
+SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+class HostRelay(Response):
+    def __init__(self, host_urls: Sequence[str], path: str, body: dict[str, Any], secret: str) -> None:
+        super().__init__()
+        self.host_urls = list(host_urls)
+        self.path = path
+        self.payload = body
+        self.secret = secret
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as group:
+
+            async def relay() -> None:
+                try:
+                    await self._relay(scope, receive, send)
+                except OSError:  # the client's socket is gone (ASGI 2.4 servers raise on send)
+                    log.info("client went away during %s", self.path)
+                group.cancel_scope.cancel()
+
+            async def watch() -> None:
+                await _until_disconnect(receive)
+                group.cancel_scope.cancel()  # closes the upstream request: the host frees the slot
+
+            group.start_soon(relay)
+            group.start_soon(watch)
+
+    async def _relay(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = httpx.AsyncClient(timeout=TIMEOUT)
+        try:
+            for url in self.host_urls:
+                request = client.build_request(
+                    "POST",
+                    url.rstrip("/") + self.path,
+                    json=self.payload,
+                    headers={"Authorization": f"Bearer {self.secret}"},
+                )
+                try:
+                    upstream = await client.send(request, stream=True)
+                except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                    log.warning("serving host %s unreachable (%s); trying the next", url, exc)
+                    continue
+                try:
+                    await self._answer(url, upstream, scope, receive, send)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await upstream.aclose()
+                return
+            response = error_json(
+                503,
+                "service_unavailable",
+                "no_serving_host",
+                "no serving host could be reached; retry shortly",
+                None,
+                {"Retry-After": str(NO_HOST_RETRY_AFTER_SECONDS)},
+            )
+            await response(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await client.aclose()
+
+    async def _answer(
+        self, url: str, upstream: httpx.Response, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        if upstream.status_code != 200:
+            await self._error(url, upstream, scope, receive, send)
+            return
+        headers = [
+            (k.encode(), upstream.headers[k].encode()) for k in PASSED_HEADERS if k in upstream.headers
+        ]
+        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+            headers += SSE_HEADERS
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        try:
+            async for chunk in upstream.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:
+            # The status is sent; all that is left is to end the body. An SSE client sees the
+            # stream end without `[DONE]`, which OpenAI's client reports as an error.
+            log.warning("serving host %s broke off its answer: %s", url, exc)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _error(
+        self, url: str, upstream: httpx.Response, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        status = upstream.status_code
+        raw = await upstream.aread()
+        envelope = _envelope(raw)
+        passes = envelope is not None and (
+            status == 503 or (400 <= status < 500 and status not in (401, 403))
+        )
+        if envelope is not None and passes:
+            headers = (
+                {"Retry-After": upstream.headers["retry-after"]}
+                if "retry-after" in upstream.headers
+                else None
+            )
+            error = envelope["error"]
+            param = error.get("param")
+            if isinstance(param, str) and param.split(".")[0] == "twinkle":
+                param = "model"  # the checkpoint the client named as `model` (its files are gone)
+            response = error_json(
+                status,
+                str(error.get("type") or "invalid_request_error"),
+                str(error.get("code") or "invalid_value"),
+                str(error.get("message") or ""),
+                param if isinstance(param, str) else None,
+                headers,
+            )
+        else:
+            log.error("serving host %s answered %s: %s", url, status, raw[:500])
+            # The host's own message says what failed (a model that would not load, and why).
+            error = envelope["error"] if envelope is not None else {}
+            reason = (
+                f"{error.get('code')}: {error.get('message')}" if error.get("code") else f"status {status}"
+            )
+            response = error_json(
+                502, "api_error", "serving_host_error", f"the serving host failed ({reason})", None
+            )
+        await response(scope, receive, send)
+
+
+def _envelope(raw: bytes) -> dict[str, Any] | None:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return body
+    return None
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    # The request body was read by the endpoint; what remains to receive is the disconnect.
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,79 @@
+"""SQL reads of the inference endpoints: which checkpoint a name means, what a project can call.
+Every query is scoped to the caller's project."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import exists, func, select
+from sqlalchemy.orm import Session
+
+from jobcore.db.models import Checkpoint, Job
+from jobcore.jobs.states import JobStatus
+
+# The job's `model.model_id`, read inside the database (both SQLite and PostgreSQL index JSON).
+_job_model_id = Job.spec[("model", "model_id")].as_string()
+
+
+def job_in_project(session: Session, project_id: str, job_id: str) -> Job | None:
+    return session.scalars(select(Job).where(Job.id == job_id, Job.project_id == project_id)).one_or_none()
+
+
+def live_checkpoint(session: Session, job_id: str, step: int | None) -> Checkpoint | None:
+    """The job's checkpoint at `step`, or its newest (None: the job's final model). Rows exist only
+    for complete checkpoints (the worker records one after its COMPLETE marker), and a checkpoint
+    dropped by retention is `deleted`."""
+    query = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.deleted.is_(False))
+    if step is not None:
+        query = query.where(Checkpoint.step == step)
+    return session.scalars(query.order_by(Checkpoint.step.desc()).limit(1)).one_or_none()
+
+
+def checkpoint_at_path(session: Session, project_id: str, path: str) -> tuple[Job, Checkpoint] | None:
+    """A live checkpoint of the project by its directory: what `fine_tuned_model` used to be."""
+    query = (
+        select(Job, Checkpoint)
+        .join(Checkpoint, Checkpoint.job_id == Job.id)
+        .where(Job.project_id == project_id, Checkpoint.path == path, Checkpoint.deleted.is_(False))
+        .limit(1)
+    )
+    row = session.execute(query).one_or_none()
+    return (row[0], row[1]) if row else None
+
+
+@dataclass(frozen=True)
+class FineTunedRow:
+    job_id: str
+    name: str | None
+    model_id: str
+    finished_at: datetime | None
+    created_at: datetime
+
+
+def fine_tuned_models(session: Session, project_id: str) -> list[FineTunedRow]:
+    """Every succeeded job of the project that has a checkpoint to serve, newest first."""
+    has_checkpoint = exists().where(Checkpoint.job_id == Job.id, Checkpoint.deleted.is_(False))
+    query = (
+        select(Job.id, Job.name, _job_model_id, Job.finished_at, Job.created_at)
+        .where(Job.project_id == project_id, Job.status == JobStatus.SUCCEEDED, has_checkpoint)
+        .order_by(Job.created_at.desc(), Job.id.desc())
+    )
+    return [FineTunedRow(*row) for row in session.execute(query)]
+
+
+def base_models(session: Session, project_id: str) -> list[tuple[str, datetime]]:
+    """Each `model_id` the project's jobs train, with when it was first used, oldest first."""
+    first_used = func.min(Job.created_at)
+    query = (
+        select(_job_model_id, first_used)
+        .where(Job.project_id == project_id, _job_model_id.is_not(None))
+        .group_by(_job_model_id)
+        .order_by(first_used)
+    )
+    return [(str(model_id), created) for model_id, created in session.execute(query)]
+
+
+def model_in_use(session: Session, project_id: str, model_id: str) -> bool:
+    query = select(Job.id).where(Job.project_id == project_id, _job_model_id == model_id).limit(1)
+    return session.execute(query).first() is not None

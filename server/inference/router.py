@@ -1,0 +1,117 @@
+"""`/v1/models`, `/v1/chat/completions`, `/v1/completions`: OpenAI's inference API over what the
+project trained, for the official `openai` client unchanged (streaming included).
+
+The API server does no GPU work: it resolves `model` to a checkpoint in SQL, picks a live
+serving host and relays the request there (server/inference/relay.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from sqlalchemy.orm import Session
+from starlette.responses import Response
+
+from jobcore.settings import Settings
+from server.auth.principal import Principal
+from server.deps import ReadPrincipal, SessionDep, SettingsDep, run_read
+from server.errors import ErrorResponse, Unavailable, error_responses
+from server.inference import hosts, service
+from server.inference.relay import NO_HOST_RETRY_AFTER_SECONDS, HostRelay
+from server.inference.schemas import (
+    ChatCompletion,
+    ChatCompletionCreate,
+    Completion,
+    CompletionCreate,
+    ModelList,
+)
+
+router = APIRouter(prefix="/v1", tags=["inference"])
+
+_RETRY_AFTER = {
+    "Retry-After": {"description": "Seconds to wait before retrying", "schema": {"type": "integer"}}
+}
+GENERATION_ERRORS: dict[int | str, dict[str, Any]] = {
+    **error_responses(401, 403, 404, 422, 429),
+    400: {"model": ErrorResponse, "description": "The prompt plus `max_tokens` exceed the model's context"},
+    502: {"model": ErrorResponse, "description": "The serving host failed"},
+    503: {
+        "model": ErrorResponse,
+        "description": "No serving host is live, the model did not load within the host's load "
+        "timeout (the load goes on), or no generation slot freed in time",
+        "headers": _RETRY_AFTER,
+    },
+}
+
+
+def _sse(described: str) -> dict[str, Any]:
+    return {"text/event-stream": {"schema": {"type": "string"}, "description": described}}
+
+
+def _plan(
+    session: Session, settings: Settings, principal: Principal, model: str
+) -> tuple[service.ServedModel, list[str]]:
+    served = service.resolve(session, principal, model)
+    urls = hosts.order_for(hosts.live_hosts(session, settings), served.checkpoint)
+    if not urls:
+        raise Unavailable(
+            "no serving host is running: start one with `twinkle-jobs serve` (`twinkle-jobs up` starts one)",
+            code="no_serving_host",
+            headers={"Retry-After": str(NO_HOST_RETRY_AFTER_SECONDS)},
+        )
+    return served, urls
+
+
+async def _relay(
+    session: Session,
+    settings: Settings,
+    principal: Principal,
+    path: str,
+    body: ChatCompletionCreate | CompletionCreate,
+) -> Response:
+    body.refuse_reserved_key()
+    served, urls = await run_read(session, lambda: _plan(session, settings, principal, body.model))
+    return HostRelay(urls, path, body.host_body(served.host_target()), settings.serving_secret_value)
+
+
+@router.get(
+    "/models", operation_id="listModels", response_model=ModelList, responses=error_responses(401, 403, 429)
+)
+async def list_models(session: SessionDep, principal: ReadPrincipal) -> ModelList:
+    """What the project can call (every succeeded job's `fine_tuned_model`), then the base models
+    its jobs train on (listed, not served)."""
+    return await run_read(session, lambda: service.list_models(session, principal))
+
+
+@router.post(
+    "/chat/completions",
+    operation_id="createChatCompletion",
+    response_model=ChatCompletion,
+    responses={
+        200: {"content": _sse("With `stream: true`: `chat.completion.chunk` objects, then `[DONE]`")},
+        **GENERATION_ERRORS,
+    },
+)
+async def chat_completions(
+    body: ChatCompletionCreate, session: SessionDep, settings: SettingsDep, principal: ReadPrincipal
+) -> Response:
+    """Chat with a fine-tuned model or a checkpoint; the messages are rendered with the
+    checkpoint's own chat template."""
+    return await _relay(session, settings, principal, "/v1/chat/completions", body)
+
+
+@router.post(
+    "/completions",
+    operation_id="createCompletion",
+    response_model=Completion,
+    responses={
+        200: {"content": _sse("With `stream: true`: `text_completion` chunks, then `[DONE]`")},
+        **GENERATION_ERRORS,
+    },
+)
+async def completions(
+    body: CompletionCreate, session: SessionDep, settings: SettingsDep, principal: ReadPrincipal
+) -> Response:
+    """Continue a prompt with a fine-tuned model or a checkpoint."""
+    return await _relay(session, settings, principal, "/v1/completions", body)

@@ -1,0 +1,132 @@
+"""Which checkpoint a `model` names, and what a project can call (`GET /v1/models`).
+
+A name resolves to a complete checkpoint of a job of the caller's project, or to a 404 naming
+`model`: another project's job reads as unknown, a job that has not succeeded has no
+`fine_tuned_model` yet (its checkpoints are still callable as `JOB_ID:ckpt-STEP`), and a step
+without a live checkpoint row (never completed, or dropped by retention) is unknown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from jobcore import storage
+from jobcore.db.models import Checkpoint, Job
+from jobcore.jobs.states import JobStatus
+from server.auth.principal import Principal
+from server.errors import NotFound
+from server.inference import names, repository
+from server.inference.schemas import ModelList, ModelObject
+from twinkle_core.spec import LoraSection, ModelSection
+
+BASE_MODEL_OWNER = "twinkle"
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A resolved `model`: the checkpoint a serving host loads, and what it needs beside it."""
+
+    name: str  # as the client spelled it: OpenAI answers echo the requested model
+    job_id: str
+    step: int
+    checkpoint: str  # the checkpoint directory, absolute
+    base_model: str | None  # a LoRA job's base (`model_id`, a path under an allowed root or a hub id)
+
+    def host_target(self) -> dict[str, Any]:
+        """The `twinkle` key of a request to a serving host (the host contract)."""
+        return {"checkpoint": self.checkpoint, "base_model": self.base_model, "model": self.name}
+
+
+def _unknown(model: str, why: str) -> NotFound:
+    return NotFound(f"model '{model}': {why}", param="model", code="model_not_found")
+
+
+def fine_tuned_model(job: Job) -> str:
+    """The `fine_tuned_model` of a job (meaningful once it succeeded)."""
+    model_id = ModelSection.model_validate((job.spec or {}).get("model") or {}).model_id or ""
+    return names.fine_tuned_model_name(job.id, model_id, job.name)
+
+
+def _base_model_of(job: Job) -> str | None:
+    spec = job.spec or {}
+    if spec.get("adapter") is None:
+        return None
+    LoraSection.model_validate(spec["adapter"])  # a stored LoRA section, read through its model
+    return ModelSection.model_validate(spec.get("model") or {}).model_id
+
+
+def _served(model: str, job: Job, checkpoint: Checkpoint) -> ServedModel:
+    if storage.is_remote(checkpoint.path):
+        # Serving hosts load from the shared jobs directory; object storage is not read by them.
+        raise _unknown(model, "its checkpoint is in object storage, which serving hosts do not load from")
+    return ServedModel(
+        name=model,
+        job_id=job.id,
+        step=checkpoint.step,
+        checkpoint=checkpoint.path,
+        base_model=_base_model_of(job),
+    )
+
+
+def resolve(session: Session, principal: Principal, model: str) -> ServedModel:
+    parsed = names.parse(model)
+    if isinstance(parsed, names.FineTunedName):
+        job = repository.job_in_project(session, principal.project_id, parsed.job_id)
+        if job is None or fine_tuned_model(job) != model:
+            raise _unknown(model, "no such fine-tuned model in this project")
+        if job.status != JobStatus.SUCCEEDED:
+            raise _unknown(
+                model,
+                f"job '{job.id}' is {job.status}; its model exists once it succeeded "
+                f"(call one of its checkpoints as '{job.id}{names.CHECKPOINT_INFIX}STEP')",
+            )
+        checkpoint = repository.live_checkpoint(session, job.id, None)
+        if checkpoint is None:
+            raise _unknown(model, f"job '{job.id}' has no checkpoint left to serve")
+        return _served(model, job, checkpoint)
+    if isinstance(parsed, names.CheckpointName):
+        job = repository.job_in_project(session, principal.project_id, parsed.job_id)
+        if job is None:
+            raise _unknown(model, f"no job '{parsed.job_id}' in this project")
+        checkpoint = repository.live_checkpoint(session, job.id, parsed.step)
+        if checkpoint is None:
+            raise _unknown(model, f"job '{job.id}' has no complete checkpoint at step {parsed.step}")
+        return _served(model, job, checkpoint)
+    # Before `ft:` names, `fine_tuned_model` was the final checkpoint's directory: clients that
+    # stored it keep working.
+    found = (
+        repository.checkpoint_at_path(session, principal.project_id, model) if model.startswith("/") else None
+    )
+    if found is not None:
+        return _served(model, *found)
+    if repository.model_in_use(session, principal.project_id, model):
+        raise _unknown(model, "a base model is listed, not served: call a fine-tuned model or a checkpoint")
+    raise _unknown(model, "expected a fine_tuned_model ('ft:...') or 'JOB_ID:ckpt-STEP'")
+
+
+def _unix(moment: datetime) -> int:
+    return int(moment.timestamp())
+
+
+def list_models(session: Session, principal: Principal) -> ModelList:
+    """Fine-tuned models (newest first), then the base models they were trained from."""
+    tuned = [
+        ModelObject(
+            id=names.fine_tuned_model_name(row.job_id, row.model_id or "", row.name),
+            created=_unix(row.finished_at or row.created_at),
+            owned_by=principal.project_id,
+            parent=row.model_id,
+            job_id=row.job_id,
+            servable=True,
+        )
+        for row in repository.fine_tuned_models(session, principal.project_id)
+    ]
+    bases = [
+        ModelObject(id=model_id, created=_unix(first_used), owned_by=BASE_MODEL_OWNER, servable=False)
+        for model_id, first_used in repository.base_models(session, principal.project_id)
+    ]
+    return ModelList(data=tuned + bases)

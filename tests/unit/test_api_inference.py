@@ -1,0 +1,232 @@
+"""The public inference endpoints' own rules: which `model` names resolve to which checkpoint
+(404 naming `model` for everything else), project scoping of `/v1/models`, and 503 with
+Retry-After when no serving host is live. Real database (SQLite and PostgreSQL), real app.
+
+A name that resolves gets as far as choosing a host, so with no host registered "resolves" reads
+as 503 `no_serving_host`, and "does not resolve" as 404 `model_not_found`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import openai
+import pytest
+from openai_standin import TOKEN, Standin, serve_standin
+from test_api_support import *  # noqa: F403
+from test_api_support import BOOTSTRAP, Api
+
+from jobcore.db.models import Checkpoint, ServingHost, utcnow
+from server.inference import names
+from server.inference.hosts import LiveHost, order_for
+
+
+@pytest.fixture(scope="module")
+def host() -> Iterator[Standin]:
+    """A stand-in for a serving host's protocol that records what it is sent."""
+    yield from serve_standin()
+
+
+def _register_host(api: Api, url: str, *, age_seconds: float = 0.0, loaded: list[Any] | None = None) -> None:
+    with api.session() as session, session.begin():
+        beat = utcnow() - timedelta(seconds=age_seconds)
+        session.add(
+            ServingHost(
+                url=url, engine="transformers", memory_bytes=1 << 30, heartbeat_at=beat, loaded=loaded or []
+            )
+        )
+
+
+def _chat(api: Api, model: str, headers: dict[str, str] | None = None, **extra: Any) -> Any:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}
+    return api.client.post("/v1/chat/completions", json=body, headers=headers or api.admin)
+
+
+def _assert_unknown(response: Any) -> None:
+    assert response.status_code == 404, response.text
+    error = response.json()["error"]
+    assert error["param"] == "model" and error["code"] == "model_not_found", error
+
+
+def _assert_resolved(response: Any) -> None:
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "no_serving_host"
+    assert int(response.headers["Retry-After"]) > 0
+
+
+def test_names_parse_from_their_spelling() -> None:
+    name = names.fine_tuned_model_name("job-abc123", "/data/models/Qwen3-0.6B", "support bot:v2")
+    assert name == "ft:Qwen3-0.6B:support-bot-v2:job-abc123"
+    assert names.fine_tuned_model_name("job-abc123", "org/tiny-llama", None) == "ft:tiny-llama:job-abc123"
+    assert names.parse(name) == names.FineTunedName("job-abc123")
+    assert names.parse("job-abc123:ckpt-40") == names.CheckpointName("job-abc123", 40)
+    for other in ("gpt-4o", "ft:", "ft:x:not-a-job", "job-abc123:ckpt-", "job-abc123:ckpt-1e3", "x:ckpt-4"):
+        assert names.parse(other) is None, other
+    assert names.parse("job-abc123:ckpt-" + "9" * 10) is None  # beyond a 32-bit step column
+
+
+def test_hosts_holding_the_checkpoint_come_first_then_the_least_loaded() -> None:
+    hosts = [
+        LiveHost("http://a", frozenset({"/ck/other"}), 100),
+        LiveHost("http://b", frozenset(), 10),
+        LiveHost("http://c", frozenset({"/ck/1"}), 500),
+    ]
+    assert order_for(hosts, "/ck/1") == ["http://c", "http://b", "http://a"]
+    assert order_for(hosts, "/ck/new") == ["http://b", "http://a", "http://c"]
+
+
+def test_model_names_resolve_within_the_project_only(api: Api) -> None:
+    done = api.submit(name="support bot")
+    api.force_status(done["id"], "succeeded")
+    api.add_checkpoint(done["id"], 2)
+    final = api.add_checkpoint(done["id"], 4)
+    fine_tuned = api.client.get(f"/v1/fine_tuning/jobs/{done['id']}", headers=api.admin).json()[
+        "fine_tuned_model"
+    ]
+    assert fine_tuned == f"ft:tiny-llama:support-bot:{done['id']}"
+
+    _assert_resolved(_chat(api, fine_tuned))
+    _assert_resolved(_chat(api, f"{done['id']}:ckpt-2"))
+    _assert_resolved(_chat(api, final["path"]))  # what fine_tuned_model was before `ft:` names
+    _assert_unknown(_chat(api, f"ft:Qwen3:support-bot:{done['id']}"))  # right job, wrong name
+    _assert_unknown(_chat(api, f"{done['id']}:ckpt-3"))  # no complete checkpoint at that step
+    _assert_unknown(_chat(api, "gpt-4o"))
+    base = _chat(api, "org/tiny-llama")  # listed by /v1/models, but not served
+    _assert_unknown(base)
+    assert "base model" in base.json()["error"]["message"]
+
+    # A checkpoint dropped by retention is gone for inference too.
+    with api.session() as session, session.begin():
+        row = session.query(Checkpoint).filter_by(job_id=done["id"], step=2).one()
+        row.deleted = True
+    _assert_unknown(_chat(api, f"{done['id']}:ckpt-2"))
+
+    # A job still running has no fine_tuned_model yet, but its checkpoints can be called.
+    running = api.submit()
+    api.force_status(running["id"], "running")
+    api.add_checkpoint(running["id"], 1)
+    running_name = names.fine_tuned_model_name(running["id"], "org/tiny-llama", "demo")
+    assert (
+        api.client.get(f"/v1/fine_tuning/jobs/{running['id']}", headers=api.admin).json()["fine_tuned_model"]
+        is None
+    )
+    not_yet = _chat(api, running_name)
+    _assert_unknown(not_yet)
+    assert "running" in not_yet.json()["error"]["message"]
+    _assert_resolved(_chat(api, f"{running['id']}:ckpt-1"))
+
+    # Another project's token sees none of it, not even through the old path name.
+    other = api.token("team-b")
+    for model in (fine_tuned, f"{done['id']}:ckpt-4", final["path"]):
+        _assert_unknown(_chat(api, model, headers=other))
+
+
+def test_bad_bodies_are_422_naming_the_field(api: Api) -> None:
+    job = api.submit()
+    api.force_status(job["id"], "succeeded")
+    api.add_checkpoint(job["id"], 1)
+    model = f"{job['id']}:ckpt-1"
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"temperature": 3}, "temperature"),
+        ({"n": 0}, "n"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"twinkle": {"checkpoint": "/etc"}}, "twinkle"),  # only the server says what the host loads
+    ]
+    for extra, param in cases:
+        response = _chat(api, model, **extra)
+        assert response.status_code == 422 and response.json()["error"]["param"] == param, response.text
+    response = api.client.post(
+        "/v1/chat/completions", json={"model": model, "messages": []}, headers=api.admin
+    )
+    assert response.status_code == 422 and response.json()["error"]["param"] == "messages"
+    response = api.client.post("/v1/completions", json={"model": model}, headers=api.admin)
+    assert response.status_code == 422 and response.json()["error"]["param"] == "prompt"
+    _assert_resolved(
+        api.client.post("/v1/completions", json={"model": model, "prompt": "x"}, headers=api.admin)
+    )
+
+
+def test_models_list_is_project_scoped(api: Api) -> None:
+    done = api.submit(name="a")
+    api.force_status(done["id"], "succeeded")
+    api.add_checkpoint(done["id"], 3)
+    api.submit(spec={"model": {"model_id": "org/other-base"}, "data": {"train_file": "hf://datasets/o/d"}})
+    failed = api.submit()
+    api.force_status(failed["id"], "failed")
+    api.add_checkpoint(failed["id"], 1)  # callable as a checkpoint, but it is no fine-tuned model
+    foreign = api.submit(
+        headers=api.token("team-b"),
+        spec={"model": {"model_id": "org/secret-base"}, "data": {"train_file": "hf://datasets/o/d"}},
+    )
+    api.force_status(foreign["id"], "succeeded")
+    api.add_checkpoint(foreign["id"], 1)
+
+    client = openai.OpenAI(
+        base_url="http://testserver/v1", api_key=BOOTSTRAP, http_client=api.client, max_retries=0
+    )
+    models = client.models.list()
+    ids = [m.id for m in models.data]
+    assert ids == [f"ft:tiny-llama:a:{done['id']}", "org/tiny-llama", "org/other-base"]
+    tuned = models.data[0]
+    assert tuned.owned_by != "twinkle" and tuned.model_extra is not None
+    assert tuned.model_extra["parent"] == "org/tiny-llama" and tuned.model_extra["servable"] is True
+    assert models.data[1].owned_by == "twinkle" and models.data[1].model_extra["servable"] is False  # type: ignore[index]
+
+    theirs = api.client.get("/v1/models", headers=api.token("team-b")).json()
+    assert [m["id"] for m in theirs["data"]] == [f"ft:secret-base:demo:{foreign['id']}", "org/secret-base"]
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/chat/completions", "/v1/completions"])
+def test_inference_needs_a_token(api: Api, path: str) -> None:
+    method = api.client.get if path == "/v1/models" else api.client.post
+    assert method(path).status_code == 401
+
+
+def test_a_live_host_gets_the_resolved_checkpoint(api: Api, host: Standin) -> None:
+    api.settings.serving_secret = TOKEN  # the secret this stand-in expects
+    lora_spec = {
+        "model": {"model_id": "org/tiny-llama"},
+        "data": {"train_file": "hf://datasets/org/tiny-data"},
+        "adapter": {"r": 4},
+    }
+    lora = api.submit(name="lora", spec=lora_spec)
+    full = api.submit(name="full")
+    for job in (lora, full):
+        api.force_status(job["id"], "succeeded")
+    lora_ckpt = api.add_checkpoint(lora["id"], 3)
+    full_ckpt = api.add_checkpoint(full["id"], 5)
+
+    _register_host(api, "http://127.0.0.1:9", age_seconds=3600)  # stale: never chosen
+    _assert_resolved(_chat(api, f"{lora['id']}:ckpt-3"))
+
+    _register_host(api, host.url)
+    lora_name = f"ft:tiny-llama:lora:{lora['id']}"
+    answer = _chat(api, lora_name, max_tokens=3, seed=7)
+    sent = host.state.requests[-1]
+    # The host is told which checkpoint to load and on which base, and the name to echo; the
+    # client's own fields pass unchanged.
+    assert sent["twinkle"] == {
+        "checkpoint": lora_ckpt["path"],
+        "base_model": "org/tiny-llama",
+        "model": lora_name,
+    }
+    assert (
+        sent["messages"] == [{"role": "user", "content": "hi"}]
+        and sent["max_tokens"] == 3
+        and sent["seed"] == 7
+    )
+    # This stand-in knows none of our names: its 404 comes back in the envelope, naming `model`.
+    assert answer.status_code == 404 and answer.json()["error"]["param"] == "model"
+
+    api.client.post(
+        "/v1/completions", json={"model": f"{full['id']}:ckpt-5", "prompt": "x"}, headers=api.admin
+    )
+    sent = host.state.requests[-1]
+    assert sent["twinkle"] == {
+        "checkpoint": full_ckpt["path"],
+        "base_model": None,
+        "model": f"{full['id']}:ckpt-5",
+    }
+    assert sent["prompt"] == "x"
