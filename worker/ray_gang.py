@@ -179,8 +179,12 @@ class GangDriver:
                 sent = ray.get([runner.signal_ranks.remote(sig) for runner in self.runners])
                 print(f"signal {sig} sent to {sum(sent)} ranks on {len(sent)} nodes", flush=True)
         if pending:  # a node failed, or Ray asked us to stop: the others must not wait on it
-            why = "stop requested" if failed is None else f"node {failed} failed"
-            print(f"{why}: stopping the other nodes", flush=True)
+            why = (
+                "stop requested: stopping every node"
+                if failed is None
+                else f"node {failed} failed: stopping the others"
+            )
+            print(why, flush=True)
             self._stop_all()
         if failed is None:
             return -signal.SIGTERM if pending else 0
@@ -220,10 +224,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("usage: python -m worker.ray_gang <job_dir>/ray/attempt-<k>.json")
     plan = GangPlan.load(Path(args[0]))
     driver = GangDriver(plan)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        # Only a flag here: the main loop stops the nodes (never block in a signal handler).
-        signal.signal(sig, lambda *_: driver.stop_requested.set())
     ray.init(log_to_driver=True)  # inside a Ray job: the job's own cluster
+    # After ray.init, which installs a handler that dies on SIGTERM at once: ours stops the nodes
+    # first. Only a flag here: the main loop stops them (never block in a signal handler).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: driver.stop_requested.set())
     try:
         code = driver.run()
     finally:

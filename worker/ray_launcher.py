@@ -223,6 +223,9 @@ class RayJobAttempt:
             self.client.stop_job(self.submission_id)
         except Exception as exc:
             log.error("Ray job %s: stop request failed: %s", self.submission_id, exc)
+        if self.gang is not None:
+            # The gang's driver stops every node (SIGKILL after its own grace) before it ends.
+            grace_seconds += self.gang.stop_grace_seconds + 10
         try:
             self.wait(timeout=grace_seconds)
         except TimeoutError:

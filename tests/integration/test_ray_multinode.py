@@ -350,3 +350,67 @@ def test_pause_reaches_every_node(ray_service: RayService, tiny_model_dir: Path,
     assert node_processes(ray_service.job_dir(job_id)) == []
     with ray_service.svc.client() as client:
         assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200  # paused: ends here
+
+
+def test_the_reconciler_frees_the_group_of_a_job_whose_worker_died(
+    dashboard_address: str, tmp_path: Path
+) -> None:
+    """A worker that dies leaves its Ray job (and the nodes it holds) running: the reconciler stops
+    it through Ray before it requeues the job, and the driver's end removes the group."""
+    import sys
+
+    from ray.job_submission import JobSubmissionClient
+
+    from jobcore.db.migrate import upgrade
+    from jobcore.db.models import Job, Project, WorkerNode, utcnow
+    from jobcore.db.session import session_scope
+    from jobcore.settings import Settings
+    from worker import reconciler
+    from worker.launch import AttemptPaths
+    from worker.ray_launcher import RayJobAttempt
+
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
+        ray_address=dashboard_address,
+    )
+    settings.ensure_dirs()
+    upgrade(settings.resolved_database_url)
+    spec = {"model": {"config": {}}, "data": {"train_file": "/dev/null"}}
+    spec["resources"] = {"nnodes": 2, "launcher": "ray"}
+    with session_scope(settings.resolved_database_url) as session:
+        project = Project(name="p")
+        session.add(project)
+        session.add(WorkerNode(id="w-gone", host="elsewhere", pid=1, heartbeat_at=utcnow(), status="dead"))
+        session.flush()
+        job = Job(project_id=project.id, spec=spec, status="running", worker_id="w-gone", attempt=1)
+        job.heartbeat_at = utcnow()
+        session.add(job)
+        session.flush()
+        job_id = job.id
+    job_dir = settings.jobs_dir / job_id
+    job_dir.mkdir(parents=True)
+    (job_dir / "spec.json").write_text(json.dumps({**spec, "model": {"model_id": "/m"}}))
+    # A stand-in for torchrun that trains nothing: each node runs it until it is stopped.
+    sleeper = tmp_path / "sleeping-torchrun"
+    sleeper.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
+    sleeper.chmod(0o755)
+    paths = AttemptPaths(job_dir, 1)
+    argv = [str(sleeper), "--nproc_per_node", "1", "--log-dir", str(paths.rank_logs), str(paths.spec)]
+    ray_job = RayJobAttempt.submit(dashboard_address, job_id, 1, argv, {}, job_dir, paths.log, num_cpus=1)
+    client = JobSubmissionClient(dashboard_address)
+    deadline = time.monotonic() + 120
+    while "2 nodes started" not in client.get_job_logs(ray_job.submission_id):
+        assert client.get_job_status(ray_job.submission_id) in ("PENDING", "RUNNING")
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+
+    assert reconciler.reconcile(settings, me="w-me") == [job_id]
+    assert client.get_job_status(ray_job.submission_id) == "STOPPED"
+    group = RayService(None, tmp_path, dashboard_address).placement_group(job_id, 1)
+    assert group.state == "REMOVED"
+    from worker.process_tree import processes_referencing
+
+    assert processes_referencing(str(sleeper), "sleeping-torchrun") == []  # on neither node
+    with session_scope(settings.resolved_database_url) as session:
+        assert session.get_one(Job, job_id).status == "queued"
