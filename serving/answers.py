@@ -9,9 +9,10 @@ closes without `[DONE]`, so a client cannot take a broken answer for a whole one
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from serving.engine import Generation
@@ -20,13 +21,26 @@ from serving.protocol import Answer
 
 log = logging.getLogger(__name__)
 
+DISCONNECT_POLL_SECONDS = 0.25
+
 
 def sse(payload: dict[str, Any] | str) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n".encode()
 
 
-async def collect(generation: Generation, answer: Answer) -> Answer:
+async def collect(generation: Generation, answer: Answer, gone: Callable[[], Awaitable[bool]]) -> Answer:
+    """The whole answer. `gone` says whether the client has left: a whole answer has no body
+    to break off while it is generated, so it is asked every DISCONNECT_POLL_SECONDS, and a
+    client that left (its own timeout, the API server's relay closing) cancels the generation
+    instead of holding a slot to max_tokens for nobody."""
+
+    async def watch() -> None:
+        while not await gone():
+            await asyncio.sleep(DISCONNECT_POLL_SECONDS)
+        generation.cancel()
+
+    watcher = asyncio.create_task(watch())
     try:
         async for delta in generation:
             choice = answer.choices[delta.index]
@@ -35,6 +49,7 @@ async def collect(generation: Generation, answer: Answer) -> Answer:
                 choice.finish_reason = delta.finish_reason
                 choice.completion_tokens = delta.completion_tokens
     finally:
+        watcher.cancel()
         generation.cancel()
     return answer
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header
+from fastapi import Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from serving import answers
@@ -54,7 +54,7 @@ def create_app(engine: Engine, *, secret: str, jobs_root: Path, allowed_roots: S
         return {"status": "ok", **engine.health()}
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
-    async def chat_completions(body: ChatRequest) -> Response:
+    async def chat_completions(body: ChatRequest, request: Request) -> Response:
         body.refuse_unsupported()
         target = check_target(body.twinkle, jobs_root, allowed_roots)
         loaded = await engine.model(target)
@@ -65,10 +65,12 @@ def create_app(engine: Engine, *, secret: str, jobs_root: Path, allowed_roots: S
         if body.stream:
             stream = answers.stream_chat(generation, answer, body.include_usage)
             return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
-        return JSONResponse((await answers.collect(generation, answer)).chat_completion())
+        return JSONResponse(
+            (await answers.collect(generation, answer, request.is_disconnected)).chat_completion()
+        )
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
-    async def completions(body: CompletionRequest) -> Response:
+    async def completions(body: CompletionRequest, request: Request) -> Response:
         body.refuse_unsupported()
         target = check_target(body.twinkle, jobs_root, allowed_roots)
         loaded = await engine.model(target)
@@ -84,6 +86,8 @@ def create_app(engine: Engine, *, secret: str, jobs_root: Path, allowed_roots: S
         if body.stream:
             stream = answers.stream_completion(generation, answer, body.include_usage)
             return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
-        return JSONResponse((await answers.collect(generation, answer)).text_completion())
+        return JSONResponse(
+            (await answers.collect(generation, answer, request.is_disconnected)).text_completion()
+        )
 
     return app

@@ -172,6 +172,24 @@ def test_a_cancelled_stream_frees_its_slot(host: Host) -> None:
     assert host.health()["slots"]["busy"] == 0
 
 
+def test_a_client_that_leaves_a_whole_answer_frees_its_slot_too(host: Host) -> None:
+    body = {
+        "model": "ft:full",
+        "prompt": "the cat",
+        "max_tokens": 4000,
+        "ignore_eos": True,
+        **host.key("full"),
+    }
+    headers = {"Authorization": f"Bearer {SECRET}"}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up long before 4000 tokens
+        httpx.post(f"{host.url}/v1/completions", json=body, headers=headers, timeout=1.0)
+    answer = host.client.completions.create(
+        model="ft:full", prompt="a", max_tokens=2, extra_body=host.key("full")
+    )
+    assert answer.choices[0].text is not None
+    assert host.health()["slots"]["busy"] == 0
+
+
 def test_over_the_context_is_400_naming_the_field(host: Host) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         host.client.completions.create(
