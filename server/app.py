@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jobcore.broker import send_export, send_wakeup
 from jobcore.db import migrate
-from jobcore.db.session import make_engine
+from jobcore.db.session import make_engine, make_read_engine
 from jobcore.settings import Settings, get_settings
 from server.artifacts.router import router as artifacts_router
 from server.auth.ratelimit import make_rate_limiter
@@ -125,6 +125,7 @@ def create_app(settings: Settings | None = None, dispatch: Callable[[str], None]
     settings.ensure_dirs()
     engine = make_engine(settings.resolved_database_url)
     session_factory = sessionmaker(bind=engine, expire_on_commit=False)
+    read_engine = make_read_engine(settings.resolved_database_url)  # None on SQLite
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -132,6 +133,8 @@ def create_app(settings: Settings | None = None, dispatch: Callable[[str], None]
         freeze_startup_heap()  # full GCs stalled requests for 60 ms (server/common/heap.py)
         yield
         await app.state.rate_limits.close()
+        if read_engine is not None:
+            await read_engine.dispose()
         engine.dispose()
 
     app = FastAPI(
@@ -143,6 +146,7 @@ def create_app(settings: Settings | None = None, dispatch: Callable[[str], None]
     )
     app.state.settings = settings
     app.state.engine = engine
+    app.state.read_engine = read_engine  # the hot reads' engine (server/common/reads.py)
     app.state.session_factory = session_factory
     app.state.dispatch = dispatch or default_dispatch(settings)
     # Checkpoint exports go to a worker through the broker's export task (tests replace it).

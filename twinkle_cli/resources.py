@@ -244,6 +244,7 @@ def _finish(job: dict[str, Any], output: str, timeout: float | None = None) -> N
 @click.option("--name", default=None)
 @click.option("--metadata", "metadata", multiple=True, help="key:value the job's metadata holds (repeatable)")
 @click.option("--limit", default=20, show_default=True)
+@click.option("--spec", "with_spec", is_flag=True, help="Include each job's spec (JSON output; null without)")
 @OUTPUT
 @click.pass_context
 @handle_api_errors
@@ -253,6 +254,7 @@ def jobs_list(
     name: str | None,
     metadata: tuple[str, ...],
     limit: int,
+    with_spec: bool,
     output: str,
 ) -> None:
     """List jobs, newest first."""
@@ -263,7 +265,9 @@ def jobs_list(
             raise click.BadParameter(f"expected KEY:VALUE, got {item!r}", param_hint="--metadata")
         pairs[key] = value
     items = []
-    for job in _client(ctx).jobs.list(status=list(statuses), name=name, metadata=pairs, limit=limit):
+    for job in _client(ctx).jobs.list(
+        status=list(statuses), name=name, metadata=pairs, limit=limit, with_spec=with_spec
+    ):
         items.append(job)
         if len(items) >= limit:
             break

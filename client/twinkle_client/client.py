@@ -243,11 +243,17 @@ class Jobs(_Resource):
         name: str | None = None,
         metadata: dict[str, str] | None = None,
         limit: int = 100,
+        with_spec: bool = False,
     ) -> Iterator[Json]:
-        """Jobs newest first; `status` one or several, `metadata` pairs every job must hold."""
+        """Jobs newest first; `status` one or several, `metadata` pairs every job must hold.
+
+        Each job's `spec` is null unless `with_spec` (the server leaves the largest field out of
+        lists unless asked: `expand=spec`); `get(job_id)` always has it."""
         statuses = [status] if isinstance(status, str) else builtins.list(status or [])
         pairs = [f"{key}:{value}" for key, value in (metadata or {}).items()]
         params: Json = {"status": statuses or None, "name": name, "metadata": pairs or None}
+        if with_spec:
+            params["expand"] = ["spec"]
         return self._c.paginate("/v1/jobs", params, page_size=limit)
 
     def cancel(self, job_id: str) -> Json:

@@ -10,6 +10,12 @@ fails on a dead connection, SQLAlchemy invalidates the whole pool and
 `server.common.middleware` retries an idempotent request once, or answers 503. The worker and
 the CLI (`get_engine`, `session_scope`) have no such retry, so they keep the pre-ping: their
 few statements a second do not notice the extra round trip.
+
+The API's hot reads (a job, a page of jobs, events, metrics) run on a second, asyncio engine
+(`make_read_engine`) where the database is PostgreSQL: psycopg's async mode on the server's own
+event loop, so a read costs no hop into the thread pool (each hop is a GIL hand-over). It runs
+in autocommit mode, since it only ever reads: no BEGIN/COMMIT round trips, each statement its
+own snapshot. SQLite keeps the synchronous engine (see `make_read_engine`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -44,6 +52,26 @@ def make_engine(url: str, *, pre_ping: bool = False) -> Engine:
         return engine
     return create_engine(
         url, pool_pre_ping=pre_ping, pool_recycle=POOL_RECYCLE_SECONDS, pool_size=10, max_overflow=20
+    )
+
+
+def make_read_engine(url: str) -> AsyncEngine | None:
+    """The API's asyncio engine for reads, or None where the synchronous engine serves them.
+
+    PostgreSQL only, always through psycopg (3), whose async mode SQLAlchemy drives on the
+    running event loop. SQLite: its driver has no async mode, and aiosqlite runs every call in
+    a thread of its own, which would cost a thread hand-over per statement instead of one per
+    request; the embedded default serves one user, so it keeps the one-hop synchronous path.
+    """
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return None
+    return create_async_engine(
+        parsed.set(drivername="postgresql+psycopg"),
+        isolation_level="AUTOCOMMIT",
+        pool_recycle=POOL_RECYCLE_SECONDS,
+        pool_size=10,
+        max_overflow=20,
     )
 
 

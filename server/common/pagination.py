@@ -8,10 +8,10 @@ new rows land before the first page and never shift the later ones.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Generic, Literal, TypeVar, TypeVarTuple
+from typing import Any, Generic, Literal, TypeVar, TypeVarTuple
 
 from pydantic import BaseModel
-from sqlalchemy import Select, and_, or_
+from sqlalchemy import BindParameter, ColumnElement, Select, and_, or_
 from sqlalchemy.orm import InstrumentedAttribute
 
 DEFAULT_LIMIT = 20
@@ -32,16 +32,29 @@ class ListEnvelope(BaseModel, Generic[ItemT]):
 
 def newest_first_after(
     query: Select[*Columns],
-    created_col: InstrumentedAttribute[datetime],
-    id_col: InstrumentedAttribute[str],
-    after: tuple[datetime, str] | None,
-    limit: int,
+    created_col: ColumnElement[datetime] | InstrumentedAttribute[datetime],
+    id_col: ColumnElement[str] | InstrumentedAttribute[str],
+    after: tuple[datetime, str] | tuple[BindParameter[Any], BindParameter[Any]] | None,
+    limit: int | None,
 ) -> Select[*Columns]:
-    """Order newest first and start strictly after the cursor row; fetch one extra for has_more."""
+    """Order newest first and start strictly after the cursor row (values, or bound parameters of
+    a statement built once); fetch one extra for has_more (`limit` None: the caller limits)."""
     if after is not None:
         created, ident = after
         query = query.where(or_(created_col < created, and_(created_col == created, id_col < ident)))
-    return query.order_by(created_col.desc(), id_col.desc()).limit(limit + 1)
+    query = query.order_by(created_col.desc(), id_col.desc())
+    return query if limit is None else query.limit(limit + 1)
+
+
+def list_envelope(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """`ListEnvelope` as plain data, for a page presented straight from rows."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
 
 
 def split_page(rows: list[RowT], limit: int) -> tuple[list[RowT], bool]:

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Select, and_, func, or_, select, union_all
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy import (
+    BindParameter,
+    Connection,
+    RowMapping,
+    Select,
+    Table,
+    and_,
+    bindparam,
+    func,
+    or_,
+    select,
+    union_all,
+)
+from sqlalchemy.orm import Session
 
 from jobcore.db.models import Checkpoint, Job, JobEvent, JobMetric
 from jobcore.jobs.states import JobStatus
@@ -27,46 +40,128 @@ class CheckpointRefs:
     best: Checkpoint | None
 
 
-_latest = aliased(Checkpoint, name="latest_checkpoint")
-_best = aliased(Checkpoint, name="best_checkpoint")
+_jobs = Job.__table__
+_checkpoints = Checkpoint.__table__
+assert isinstance(_jobs, Table) and isinstance(_checkpoints, Table)
+
+# What the API presents of a job (server/jobs/present.py reads these names off the row); the
+# spec, the largest field, only when asked for: a list leaves it out unless `?expand=spec`.
+PRESENTED_JOB_COLUMNS = (
+    *("id", "name", "status", "priority", "max_retries", "timeout_seconds", "metadata", "webhook_url"),
+    *("attempt", "failed_attempts", "step", "total_steps", "epoch", "loss", "lr", "tokens_per_second"),
+    *("resume_from", "engine", "engine_job_id", "engine_state", "error"),
+    *("created_at", "updated_at", "started_at", "finished_at"),
+)
+CHECKPOINT_REF_COLUMNS = ("id", "step", "metrics", "path", "created_at")
 
 
 def _newest_live_checkpoint_id(best_only: bool) -> Any:
-    candidate = aliased(Checkpoint)
-    query = select(candidate.id).where(candidate.job_id == Job.id, candidate.deleted.is_(False))
+    candidate = _checkpoints.alias()
+    query = select(candidate.c.id).where(candidate.c.job_id == _jobs.c.id, candidate.c.deleted.is_(False))
     if best_only:
-        query = query.where(candidate.is_best.is_(True))
+        query = query.where(candidate.c.is_best.is_(True))
     # Uses uq_checkpoints_job_step (job_id, step) backwards: one index probe per job.
-    return query.order_by(candidate.step.desc()).limit(1).correlate(Job).scalar_subquery()
+    return query.order_by(candidate.c.step.desc()).limit(1).correlate(_jobs).scalar_subquery()
 
 
-# Jobs with their latest and best checkpoints joined in (one round trip for a read). Correlated
-# subqueries in the join condition rather than LATERAL, which SQLite lacks; on PostgreSQL each is
-# an index probe per returned job (docs/benchmarks.md has the EXPLAIN). Built once: constructing
-# these aliased selects costs more than running them.
-_JOBS_WITH_CHECKPOINTS = (
-    select(Job, _latest, _best)
-    .select_from(Job)
-    .outerjoin(_latest, _latest.id == _newest_live_checkpoint_id(best_only=False))
-    .outerjoin(_best, _best.id == _newest_live_checkpoint_id(best_only=True))
-)
+def _jobs_with_checkpoints(with_spec: bool) -> Select[Any]:
+    """Job rows with their latest and best checkpoints joined in (one round trip for a read), as
+    Core rows: `latest_<column>` and `best_<column>` beside the job's columns (no ORM entities:
+    they cost more to build than the query costs to run). Correlated subqueries in the join
+    condition rather than LATERAL, which SQLite lacks; on PostgreSQL each is an index probe per
+    returned job (docs/benchmarks.md has the EXPLAIN)."""
+    latest = _checkpoints.alias("latest_checkpoint")
+    best = _checkpoints.alias("best_checkpoint")
+    names = (*PRESENTED_JOB_COLUMNS, "spec") if with_spec else PRESENTED_JOB_COLUMNS
+    columns = [_jobs.c[name] for name in names]
+    for prefix, table in (("latest", latest), ("best", best)):
+        columns += [table.c[name].label(f"{prefix}_{name}") for name in CHECKPOINT_REF_COLUMNS]
+    return (
+        select(*columns)
+        .select_from(_jobs)
+        .outerjoin(latest, latest.c.id == _newest_live_checkpoint_id(best_only=False))
+        .outerjoin(best, best.c.id == _newest_live_checkpoint_id(best_only=True))
+    )
 
 
-def _read_rows(
-    session: Session, query: Select[Job, Checkpoint, Checkpoint]
-) -> list[tuple[Job, CheckpointRefs]]:
-    return [(job, CheckpointRefs(latest, best)) for job, latest, best in session.execute(query)]
+# Built once: constructing these aliased selects costs more than running them. The statements
+# below take their values as bound parameters, so that each is built (and its cache key, which
+# SQLAlchemy memoizes per statement object, computed) once per process, not once per request.
+_JOB_ROWS = {True: _jobs_with_checkpoints(with_spec=True), False: _jobs_with_checkpoints(with_spec=False)}
+_OF_PROJECT = _jobs.c.project_id == bindparam("project_id")
+_JOB_BY_ID = _JOB_ROWS[True].where(_jobs.c.id == bindparam("job_id"), _OF_PROJECT)
+_JOB_CURSOR = select(_jobs.c.created_at, _jobs.c.id).where(_jobs.c.id == bindparam("job_id"), _OF_PROJECT)
+
+Db = Connection | Session  # a read runs on a bare connection; the ORM paths pass their session
+JobRow = Mapping[Any, Any]  # a RowMapping of the statements below, or `present.row_of` an ORM job
 
 
-def read_job(session: Session, project_id: str, job_id: str) -> tuple[Job, CheckpointRefs] | None:
-    """A job of the project with its checkpoint references, in one query."""
-    rows = _read_rows(session, _JOBS_WITH_CHECKPOINTS.where(Job.id == job_id, Job.project_id == project_id))
-    return rows[0] if rows else None
+def read_job_row(db: Db, project_id: str, job_id: str) -> RowMapping | None:
+    """A job of the project with its spec and checkpoint references, in one statement."""
+    return db.execute(_JOB_BY_ID, {"job_id": job_id, "project_id": project_id}).mappings().one_or_none()
+
+
+def job_cursor(db: Db, project_id: str, job_id: str) -> tuple[datetime, str] | None:
+    """(created_at, id) of a job of the project: where a page `after` it starts."""
+    row = db.execute(_JOB_CURSOR, {"job_id": job_id, "project_id": project_id}).one_or_none()
+    return None if row is None else (row[0], row[1])
+
+
+@lru_cache(maxsize=16)
+def _page_statement(with_spec: bool, by_status: bool, by_name: bool, after: bool) -> Select[Any]:
+    """The page query for one combination of filters, with bound parameters (metadata filters,
+    whose keys are part of the SQL, are added per request)."""
+    query = _JOB_ROWS[with_spec].where(_OF_PROJECT)
+    if by_status:
+        query = query.where(_jobs.c.status.in_(bindparam("statuses", expanding=True)))
+    if by_name:
+        query = query.where(_jobs.c.name == bindparam("name"))
+    cursor: tuple[BindParameter[Any], BindParameter[Any]] | None = None
+    if after:
+        cursor = (bindparam("after_created", type_=_jobs.c.created_at.type), bindparam("after_id"))
+    return newest_first_after(query, _jobs.c.created_at, _jobs.c.id, cursor, None).limit(bindparam("fetch"))
+
+
+def list_job_rows(
+    db: Db,
+    project_id: str,
+    *,
+    statuses: Sequence[str],
+    name: str | None,
+    metadata: dict[str, str],
+    after: tuple[datetime, str] | None,
+    limit: int,
+    with_spec: bool,
+) -> list[RowMapping]:
+    """A page of the project's jobs, newest first (limit + 1 rows), each with its checkpoint refs."""
+    query = _page_statement(with_spec, bool(statuses), name is not None, after is not None)
+    for key, value in metadata.items():
+        query = query.where(_jobs.c.metadata[key].as_string() == value)
+    params: dict[str, Any] = {"project_id": project_id, "fetch": limit + 1}
+    if statuses:
+        params["statuses"] = list(statuses)
+    if name is not None:
+        params["name"] = name
+    if after is not None:
+        params["after_created"], params["after_id"] = after
+    return list(db.execute(query, params).mappings())
 
 
 def job_by_idempotency_key(session: Session, project_id: str, key: str) -> Job | None:
     query = select(Job).where(Job.project_id == project_id, Job.idempotency_key == key)
     return session.scalars(query).one_or_none()
+
+
+def _filtered(
+    query: Select[Any], statuses: Sequence[str], name: str | None, metadata: dict[str, str]
+) -> Select[Any]:
+    if statuses:
+        query = query.where(_jobs.c.status.in_(list(statuses)))
+    if name is not None:
+        query = query.where(_jobs.c.name == name)
+    for key, value in metadata.items():
+        query = query.where(_jobs.c.metadata[key].as_string() == value)
+    return query
 
 
 def list_jobs(
@@ -78,17 +173,10 @@ def list_jobs(
     metadata: dict[str, str],
     after: tuple[datetime, str] | None,
     limit: int,
-) -> list[tuple[Job, CheckpointRefs]]:
-    """A page of the project's jobs, newest first (limit + 1 rows), each with its checkpoint refs."""
-    query = _JOBS_WITH_CHECKPOINTS.where(Job.project_id == project_id)
-    if statuses:
-        query = query.where(Job.status.in_(list(statuses)))
-    if name is not None:
-        query = query.where(Job.name == name)
-    for key, value in metadata.items():
-        query = query.where(Job.metadata_[key].as_string() == value)
-    query = newest_first_after(query, Job.created_at, Job.id, after, limit)
-    return _read_rows(session, query)
+) -> list[Job]:
+    """A page of the project's jobs as ORM entities (limit + 1), for callers that act on them."""
+    query = _filtered(select(Job).where(Job.project_id == project_id), statuses, name, metadata)
+    return list(session.scalars(newest_first_after(query, _jobs.c.created_at, _jobs.c.id, after, limit)))
 
 
 def count_jobs(session: Session, project_id: str, statuses: Sequence[str]) -> int:
@@ -98,39 +186,50 @@ def count_jobs(session: Session, project_id: str, statuses: Sequence[str]) -> in
     return int(session.scalar(query) or 0)
 
 
-def _ahead_of(job: Any) -> Any:
-    """Queued jobs a worker claims before `job`: higher priority, then older, then smaller id."""
-    return or_(
-        Job.priority > job.priority,
-        and_(Job.priority == job.priority, Job.created_at < job.created_at),
-        and_(Job.priority == job.priority, Job.created_at == job.created_at, Job.id < job.id),
+def _ahead_of_statement() -> Select[Any]:
+    """How many queued jobs a worker claims before a given one: higher priority, then older,
+    then smaller id (the claim's order)."""
+    priority, created_at = _jobs.c.priority, _jobs.c.created_at
+    this_priority = bindparam("priority", type_=priority.type)
+    this_created = bindparam("created_at", type_=created_at.type)
+    ahead = or_(
+        priority > this_priority,
+        and_(priority == this_priority, created_at < this_created),
+        and_(priority == this_priority, created_at == this_created, _jobs.c.id < bindparam("job_id")),
     )
+    return select(func.count()).select_from(_jobs).where(_QUEUED, ahead)
 
 
-def queue_position(session: Session, job: Job) -> int:
-    """1-based place in the global queue; workers claim by priority (high first), then age."""
-    ahead = select(func.count()).select_from(Job).where(Job.status == JobStatus.QUEUED.value, _ahead_of(job))
-    return int(session.scalar(ahead) or 0) + 1
+def _queue_ranks_statement() -> Select[Any]:
+    """The queue places of given jobs: the whole queue numbered once with a window function."""
+    order = (_jobs.c.priority.desc(), _jobs.c.created_at.asc(), _jobs.c.id.asc())
+    position = func.row_number().over(order_by=order).label("position")
+    ranked = select(_jobs.c.id, position).where(_QUEUED).subquery()
+    return select(ranked.c.id, ranked.c.position).where(ranked.c.id.in_(bindparam("job_ids", expanding=True)))
 
 
-def queue_positions(session: Session, jobs: Sequence[Job]) -> dict[str, int]:
-    """Queue places of the queued ones among `jobs`, in one query.
+_QUEUED = _jobs.c.status == JobStatus.QUEUED.value
+_AHEAD_OF = _ahead_of_statement()
+_QUEUE_RANKS = _queue_ranks_statement()
+
+
+def queue_positions(db: Db, jobs: Sequence[JobRow]) -> dict[str, int]:
+    """Queue places (1 = claimed next) of the queued ones among `jobs` (rows with id, status,
+    priority and created_at), in one query; workers claim by priority (high first), then age.
 
     One job: count the jobs ahead of it (an index range up to its place). Several: number the
-    whole queue once with a window function, rather than one count per job (a page of the
-    newest queued jobs sits at the tail, where each count would walk the whole queue).
+    whole queue once, rather than one count per job (a page of the newest queued jobs sits at the
+    tail, where each count would walk the whole queue).
     """
-    queued = [job for job in jobs if job.status == JobStatus.QUEUED.value]
-    if len(queued) <= 1:
-        return {job.id: queue_position(session, job) for job in queued}
-    order = (Job.priority.desc(), Job.created_at.asc(), Job.id.asc())
-    ranked = (
-        select(Job.id, func.row_number().over(order_by=order).label("position"))
-        .where(Job.status == JobStatus.QUEUED.value)
-        .subquery()
-    )
-    query = select(ranked.c.id, ranked.c.position).where(ranked.c.id.in_([job.id for job in queued]))
-    return {job_id: int(position) for job_id, position in session.execute(query)}
+    queued = [job for job in jobs if job["status"] == JobStatus.QUEUED.value]
+    if not queued:
+        return {}
+    if len(queued) == 1:
+        job = queued[0]
+        params = {"priority": job["priority"], "created_at": job["created_at"], "job_id": job["id"]}
+        return {job["id"]: int(db.execute(_AHEAD_OF, params).scalar() or 0) + 1}
+    rows = db.execute(_QUEUE_RANKS, {"job_ids": [job["id"] for job in queued]})
+    return {job_id: int(position) for job_id, position in rows}
 
 
 def live_checkpoints(session: Session, job_ids: Sequence[str]) -> list[Checkpoint]:
@@ -145,7 +244,7 @@ def live_checkpoints(session: Session, job_ids: Sequence[str]) -> list[Checkpoin
 
 
 def recent_metric_points(
-    session: Session, job_ids: Sequence[str], name: str, count: int
+    db: Db, job_ids: Sequence[str], name: str, count: int
 ) -> dict[str, list[tuple[int, datetime]]]:
     """(step, created_at) of each job's newest `count` points of a metric, newest first; one query.
 
@@ -166,14 +265,41 @@ def recent_metric_points(
     # on the members of a compound select.
     union = union_all(*(select(part) for part in parts)).subquery()
     points: dict[str, list[tuple[int, datetime]]] = {job_id: [] for job_id in job_ids}
-    rows = session.execute(select(union).order_by(union.c.job_id, union.c.step.desc()))
+    rows = db.execute(select(union).order_by(union.c.job_id, union.c.step.desc()))
     for job_id, step, created_at in rows:
         points[job_id].append((step, created_at))
     return points
 
 
+_JOB_EXISTS = select(_jobs.c.id).where(_jobs.c.id == bindparam("job_id"), _OF_PROJECT)
+
+
+def job_exists(db: Db, project_id: str, job_id: str) -> bool:
+    return db.execute(_JOB_EXISTS, {"job_id": job_id, "project_id": project_id}).first() is not None
+
+
+_events = JobEvent.__table__
+_metrics = JobMetric.__table__
+assert isinstance(_events, Table) and isinstance(_metrics, Table)
+
+
+@lru_cache(maxsize=16)
+def _events_statement(by_type: bool, by_level: bool, after: bool, descending: bool) -> Select[Any]:
+    columns = (_events.c[name] for name in ("id", "created_at", "level", "type", "message", "data"))
+    query = select(*columns).where(_events.c.job_id == bindparam("job_id"))
+    if by_type:
+        query = query.where(_events.c.type.in_(bindparam("types", expanding=True)))
+    if by_level:
+        query = query.where(_events.c.level.in_(bindparam("levels", expanding=True)))
+    if after:
+        cursor = bindparam("after", type_=_events.c.id.type)
+        query = query.where(_events.c.id < cursor if descending else _events.c.id > cursor)
+    order = _events.c.id.desc() if descending else _events.c.id.asc()
+    return query.order_by(order).limit(bindparam("fetch"))
+
+
 def list_events(
-    session: Session,
+    db: Db,
     job_id: str,
     *,
     after: int | None,
@@ -181,23 +307,34 @@ def list_events(
     descending: bool = False,
     types: Sequence[str] = (),
     levels: Sequence[str] = (),
-) -> list[JobEvent]:
-    query = select(JobEvent).where(JobEvent.job_id == job_id)
+) -> list[RowMapping]:
+    """Up to `limit + 1` of the job's events after the cursor, as rows (id order)."""
+    query = _events_statement(bool(types), bool(levels), after is not None, descending)
+    params: dict[str, Any] = {"job_id": job_id, "fetch": limit + 1}
     if types:
-        query = query.where(JobEvent.type.in_(list(types)))
+        params["types"] = list(types)
     if levels:
-        query = query.where(JobEvent.level.in_(list(levels)))
+        params["levels"] = list(levels)
     if after is not None:
-        query = query.where(JobEvent.id < after if descending else JobEvent.id > after)
-    order = JobEvent.id.desc() if descending else JobEvent.id.asc()
-    return list(session.scalars(query.order_by(order).limit(limit + 1)))
+        params["after"] = after
+    return list(db.execute(query, params).mappings())
 
 
-def metric_points(session: Session, job_id: str, names: Sequence[str]) -> list[JobMetric]:
-    query = select(JobMetric).where(JobMetric.job_id == job_id)
+@lru_cache(maxsize=2)
+def _metrics_statement(by_name: bool) -> Select[Any]:
+    query = select(_metrics.c.name, _metrics.c.step, _metrics.c.value)
+    query = query.where(_metrics.c.job_id == bindparam("job_id"))
+    if by_name:
+        query = query.where(_metrics.c.name.in_(bindparam("names", expanding=True)))
+    return query.order_by(_metrics.c.name, _metrics.c.step, _metrics.c.id)
+
+
+def metric_points(db: Db, job_id: str, names: Sequence[str]) -> list[tuple[str, int, float]]:
+    """(name, step, value) of the job's metric points, by name then step."""
+    params: dict[str, Any] = {"job_id": job_id}
     if names:
-        query = query.where(JobMetric.name.in_(list(names)))
-    return list(session.scalars(query.order_by(JobMetric.name, JobMetric.step, JobMetric.id)))
+        params["names"] = list(names)
+    return list(db.execute(_metrics_statement(bool(names)), params).tuples())
 
 
 def jobs_using_file(session: Session, project_id: str, file_id: str, statuses: Sequence[str]) -> list[Job]:

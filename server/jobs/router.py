@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from jobcore.db.models import Job
 from jobcore.jobs.states import JobStatus
-from server.common.pagination import DEFAULT_LIMIT, MAX_LIMIT
-from server.deps import ReadPrincipal, SessionDep, SettingsDep, WritePrincipal, run_read
+from server.common.pagination import DEFAULT_LIMIT, MAX_LIMIT, list_envelope
+from server.common.reads import json_body, run_read
+from server.deps import ReadPrincipal, SessionDep, SettingsDep, WritePrincipal
 from server.errors import InvalidRequest, error_responses
 from server.jobs import service
 from server.jobs.schemas import METADATA_KEY, Deleted, JobClone, JobCreate, JobList, JobOut, JobResume
@@ -87,9 +89,17 @@ def _metadata_filters(values: list[str]) -> dict[str, str]:
     return filters
 
 
+Expand = Annotated[
+    list[Literal["spec"]],
+    Query(
+        description="`spec`: include each job's spec (left out of lists by default: it is the largest field)"
+    ),
+]
+
+
 @router.get("", operation_id="listJobs", response_model=JobList, responses=error_responses(*AUTH_ERRORS, 422))
 async def list_jobs(
-    session: SessionDep,
+    request: Request,
     principal: ReadPrincipal,
     status: Annotated[list[JobStatus], Query(description="Only jobs in these statuses")] = [],  # noqa: B006
     name: Annotated[str | None, Query(max_length=256, description="Only jobs with this exact name")] = None,
@@ -98,36 +108,33 @@ async def list_jobs(
         str | None, Query(max_length=64, description="The last job id of the previous page")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
-) -> JobList:
-    """The project's jobs, newest first."""
+    expand: Expand = [],  # noqa: B006
+) -> Response:
+    """The project's jobs, newest first; each job's `spec` only with `expand=spec`."""
     filters = _metadata_filters(metadata)
 
-    def read() -> JobList:
-        data, has_more = service.read_jobs(
-            session,
+    def read(db: Connection) -> tuple[list[dict[str, Any]], bool]:
+        return service.read_jobs(
+            db,
             principal,
             statuses=[s.value for s in status],
             name=name,
             metadata=filters,
             after=after,
             limit=limit,
-        )
-        return JobList(
-            data=data,
-            first_id=data[0].id if data else None,
-            last_id=data[-1].id if data else None,
-            has_more=has_more,
+            expand_spec="spec" in expand,
         )
 
-    # Async with the database work in one thread hop (`run_read`): the hot read paths.
-    return await run_read(session, read)
+    # The hot read paths: Core rows presented as they are, on the event loop (server/common/reads.py).
+    data, has_more = await run_read(request, read)
+    return json_body(list_envelope(data, has_more))
 
 
 @router.get(
     "/{job_id}", operation_id="getJob", response_model=JobOut, responses=error_responses(*AUTH_ERRORS, 404)
 )
-async def get_job(job_id: JobId, session: SessionDep, principal: ReadPrincipal) -> JobOut:
-    return await run_read(session, lambda: service.read_job(session, principal, job_id))
+async def get_job(job_id: JobId, request: Request, principal: ReadPrincipal) -> Response:
+    return json_body(await run_read(request, lambda db: service.read_job(db, principal, job_id)))
 
 
 ACTION_ERRORS = error_responses(*AUTH_ERRORS, 404, 409)

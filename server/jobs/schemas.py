@@ -147,7 +147,10 @@ class JobOut(BaseModel):
         description="The run has ended (succeeded, failed or cancelled): no worker owns the job and "
         "it changes no more on its own. A resume (when `actions` has it) starts a new attempt"
     )
-    spec: dict[str, Any] = Field(description="The resolved JobSpec: every default filled in")
+    spec: dict[str, Any] | None = Field(
+        description="The resolved JobSpec: every default filled in. Always set on a job; in a list "
+        "of jobs only with `expand=spec` (else null)"
+    )
     priority: int
     max_retries: int
     timeout_seconds: int | None

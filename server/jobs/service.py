@@ -12,10 +12,10 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -23,7 +23,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from jobcore.db.models import Checkpoint, Job, JobEvent, Project
-from jobcore.jobs.engine import Engine
 from jobcore.jobs.lifecycle import transition
 from jobcore.jobs.locks import lock_project
 from jobcore.jobs.states import (
@@ -31,7 +30,6 @@ from jobcore.jobs.states import (
     InvalidTransition,
     JobAction,
     JobStatus,
-    actions_for,
     already_requested,
     check_action,
 )
@@ -41,14 +39,15 @@ from server.common.pagination import split_page
 from server.deps import after_commit
 from server.errors import Conflict, InvalidRequest, NotFound, RateLimited
 from server.jobs import repository
+from server.jobs.present import present_jobs as present_jobs  # re-exported: the actions' view
+from server.jobs.present import present_rows
 from server.jobs.references import check_spec
-from server.jobs.schemas import CheckpointRef, EngineRef, JobClone, JobCreate, JobError, JobOut, Progress
+from server.jobs.schemas import JobClone, JobCreate
 from twinkle_core.spec import JobSpec
 
 Dispatch = Callable[[str], None]
 S = JobStatus
 QUEUE_LIMIT_RETRY_SECONDS = 30
-ETA_WINDOW = 20
 
 
 def request_hash(body: JobCreate | JobClone, clone_of: str | None = None) -> str:
@@ -331,147 +330,25 @@ def delete_job(session: Session, settings: Settings, principal: Principal, job_i
     after_commit(session, remove_artifacts)
 
 
-# ---------------------------------------------------------------------------- presentation
+# ------------------------------------------------------------------------------- reads
 
 
-def _checkpoint_ref(checkpoint: Checkpoint | None) -> CheckpointRef | None:
-    if checkpoint is None:
-        return None
-    return CheckpointRef(
-        id=checkpoint.id,
-        step=checkpoint.step,
-        metrics=checkpoint.metrics,
-        path=checkpoint.path,
-        created_at=checkpoint.created_at,
-    )
-
-
-def _eta_seconds(job: Job, points: list[tuple[int, datetime]]) -> float | None:
-    """Seconds left at the recent pace (from the last few logged steps, so resumes don't skew it)."""
-    if len(points) < 2 or not job.total_steps:
-        return None
-    (newest_step, newest_at), (oldest_step, oldest_at) = points[0], points[-1]
-    steps = newest_step - oldest_step
-    seconds = (newest_at - oldest_at).total_seconds()
-    if steps <= 0 or seconds <= 0:
-        return None
-    return round(seconds / steps * (job.total_steps - job.step), 1)
-
-
-def _has_eta(job: Job) -> bool:
-    return job.status == S.RUNNING and bool(job.total_steps) and job.step < (job.total_steps or 0)
-
-
-def _checkpoint_refs(session: Session, jobs: list[Job]) -> dict[str, repository.CheckpointRefs]:
-    latest: dict[str, Checkpoint] = {}
-    best: dict[str, Checkpoint] = {}
-    for ckpt in repository.live_checkpoints(session, [j.id for j in jobs]):  # by step: last seen is latest
-        latest[ckpt.job_id] = ckpt
-        if ckpt.is_best:
-            best[ckpt.job_id] = ckpt
-    return {j.id: repository.CheckpointRefs(latest.get(j.id), best.get(j.id)) for j in jobs}
-
-
-def present_jobs(
-    session: Session, jobs: list[Job], checkpoints: Mapping[str, repository.CheckpointRefs] | None = None
-) -> list[JobOut]:
-    """The API view of jobs. A fixed number of queries for any page: checkpoints (unless the
-    caller read them with the jobs, `read_job`/`read_jobs`), queue places, recent pace."""
-    refs = checkpoints if checkpoints is not None else _checkpoint_refs(session, jobs)
-    positions = repository.queue_positions(session, jobs)
-    paces = repository.recent_metric_points(session, [j.id for j in jobs if _has_eta(j)], "loss", ETA_WINDOW)
-    out = []
-    for job in jobs:
-        percent = None
-        if job.total_steps:
-            percent = round(min(100.0, 100.0 * job.step / job.total_steps), 2)
-        error = None
-        if job.error:
-            error = JobError(
-                kind=str(job.error.get("kind", "infra")), message=str(job.error.get("message", ""))
-            )
-        ref = refs.get(job.id) or repository.CheckpointRefs(None, None)
-        out.append(
-            JobOut(
-                id=job.id,
-                name=job.name,
-                status=JobStatus(job.status),
-                actions=actions_for(job.status),
-                terminal=job.status in TERMINAL,
-                spec=job.spec,
-                priority=job.priority,
-                max_retries=job.max_retries,
-                timeout_seconds=job.timeout_seconds,
-                metadata=job.metadata_,
-                webhook_url=job.webhook_url,
-                attempt=job.attempt,
-                failed_attempts=job.failed_attempts,
-                progress=Progress(
-                    step=job.step,
-                    total_steps=job.total_steps,
-                    epoch=job.epoch,
-                    percent=percent,
-                    loss=job.loss,
-                    lr=job.lr,
-                    tokens_per_second=job.tokens_per_second,
-                    eta_seconds=_eta_seconds(job, paces[job.id]) if job.id in paces else None,
-                ),
-                queue_position=positions.get(job.id),
-                latest_checkpoint=_checkpoint_ref(ref.latest),
-                best_checkpoint=_checkpoint_ref(ref.best),
-                resume_from=job.resume_from,
-                engine=_engine_ref(job),
-                error=error,
-                created_at=job.created_at,
-                updated_at=job.updated_at,
-                started_at=job.started_at,
-                finished_at=job.finished_at,
-            )
-        )
-    return out
-
-
-def _engine_ref(job: Job) -> EngineRef | None:
-    if job.engine is None:
-        return None
-    return EngineRef(name=cast(Engine, job.engine), job_id=job.engine_job_id, state=job.engine_state)
-
-
-def read_job(session: Session, principal: Principal, job_id: str) -> JobOut:
-    """GET of one job: the job and its checkpoints in one query, then presented."""
-    row = repository.read_job(session, principal.project_id, job_id)
+def read_job(db: repository.Db, principal: Principal, job_id: str) -> dict[str, Any]:
+    """GET of one job, as `JobOut` serializes it: the job and its checkpoints in one statement
+    (two more only for a queued or running job: its queue place, its pace)."""
+    row = repository.read_job_row(db, principal.project_id, job_id)
     if row is None:
         raise NotFound(f"no job '{job_id}' in this project", param="job_id")
-    job, refs = row
-    return present_jobs(session, [job], {job.id: refs})[0]
+    return present_rows(db, [row])[0]
 
 
-def _page(
-    session: Session,
-    principal: Principal,
-    *,
-    statuses: list[str],
-    name: str | None,
-    metadata: dict[str, str],
-    after: str | None,
-    limit: int,
-) -> tuple[list[tuple[Job, repository.CheckpointRefs]], bool]:
-    cursor: tuple[datetime, str] | None = None
-    if after is not None:
-        anchor = repository.get_job(session, principal.project_id, after)
-        if anchor is None:
-            raise InvalidRequest(f"after: no job '{after}' in this project", param="after")
-        cursor = (anchor.created_at, anchor.id)
-    rows = repository.list_jobs(
-        session,
-        principal.project_id,
-        statuses=statuses,
-        name=name,
-        metadata=metadata,
-        after=cursor,
-        limit=limit,
-    )
-    return split_page(rows, limit)
+def _cursor(db: repository.Db, principal: Principal, after: str | None) -> tuple[datetime, str] | None:
+    if after is None:
+        return None
+    cursor = repository.job_cursor(db, principal.project_id, after)
+    if cursor is None:
+        raise InvalidRequest(f"after: no job '{after}' in this project", param="after")
+    return cursor
 
 
 def list_jobs(
@@ -484,14 +361,21 @@ def list_jobs(
     after: str | None,
     limit: int,
 ) -> tuple[list[Job], bool]:
-    rows, has_more = _page(
-        session, principal, statuses=statuses, name=name, metadata=metadata, after=after, limit=limit
+    """A page of ORM jobs, for callers that present them their own way (the OpenAI mapping)."""
+    jobs = repository.list_jobs(
+        session,
+        principal.project_id,
+        statuses=statuses,
+        name=name,
+        metadata=metadata,
+        after=_cursor(session, principal, after),
+        limit=limit,
     )
-    return [job for job, _refs in rows], has_more
+    return split_page(jobs, limit)
 
 
 def read_jobs(
-    session: Session,
+    db: repository.Db,
     principal: Principal,
     *,
     statuses: list[str],
@@ -499,11 +383,20 @@ def read_jobs(
     metadata: dict[str, str],
     after: str | None,
     limit: int,
-) -> tuple[list[JobOut], bool]:
-    """A presented page of jobs: one query for the jobs and their checkpoints, plus at most one
-    for queue places and one for the pace of running jobs."""
-    rows, has_more = _page(
-        session, principal, statuses=statuses, name=name, metadata=metadata, after=after, limit=limit
+    expand_spec: bool = False,
+) -> tuple[list[dict[str, Any]], bool]:
+    """A presented page of jobs: one statement for the jobs and their checkpoints, plus at most
+    one for queue places and one for the pace of running jobs (and one for an `after` cursor).
+    The spec only with `expand_spec`: decoding and re-encoding it was most of a page's CPU."""
+    rows = repository.list_job_rows(
+        db,
+        principal.project_id,
+        statuses=statuses,
+        name=name,
+        metadata=metadata,
+        after=_cursor(db, principal, after),
+        limit=limit,
+        with_spec=expand_spec,
     )
-    jobs = [job for job, _refs in rows]
-    return present_jobs(session, jobs, {job.id: refs for job, refs in rows}), has_more
+    page, has_more = split_page(rows, limit)
+    return present_rows(db, page), has_more

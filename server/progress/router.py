@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from sqlalchemy import Connection
 
 from jobcore.jobs.events import EventLevel, EventType
 from jobcore.jobs.spec import resources_of
 from server.common.pagination import DEFAULT_LIMIT, MAX_LIMIT
+from server.common.reads import json_body, run_read
 from server.deps import ReadPrincipal, SessionDep, SettingsDep
 from server.errors import InvalidRequest, error_responses
 from server.jobs import service as jobs
@@ -25,9 +27,9 @@ MAX_EVENT_ID = 2**63 - 1  # event ids are 64-bit integers
 
 
 @router.get("/{job_id}/events", operation_id="listJobEvents", response_model=JobEventList, responses=ERRORS)
-def list_events(
+async def list_events(
     job_id: JobId,
-    session: SessionDep,
+    request: Request,
     principal: ReadPrincipal,
     after: Annotated[
         int | None, Query(ge=0, le=MAX_EVENT_ID, description="The last event id already seen")
@@ -36,24 +38,22 @@ def list_events(
     order: Annotated[Literal["asc", "desc"], Query(description="asc: oldest first")] = "asc",
     type: Annotated[list[EventType], Query(description="Only events of these types")] = [],  # noqa: B006
     level: Annotated[list[EventLevel], Query(description="Only events of these levels")] = [],  # noqa: B006
-) -> JobEventList:
+) -> Response:
     """The job's history: status changes, messages, metrics and checkpoints."""
-    job = jobs.get_job(session, principal, job_id)
-    data, has_more = service.list_events(
-        session,
-        job.id,
-        after=after,
-        limit=limit,
-        descending=order == "desc",
-        types=list(type),
-        levels=list(level),
-    )
-    return JobEventList(
-        data=data,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
-        has_more=has_more,
-    )
+
+    def read(db: Connection) -> dict[str, Any]:
+        return service.read_events(
+            db,
+            principal,
+            job_id,
+            after=after,
+            limit=limit,
+            descending=order == "desc",
+            types=list(type),
+            levels=list(level),
+        )
+
+    return json_body(await run_read(request, read))
 
 
 @router.get(
@@ -97,9 +97,9 @@ def stream_events(
 
 
 @router.get("/{job_id}/metrics", operation_id="getJobMetrics", response_model=JobMetrics, responses=ERRORS)
-def get_metrics(
+async def get_metrics(
     job_id: JobId,
-    session: SessionDep,
+    request: Request,
     principal: ReadPrincipal,
     name: Annotated[
         list[str],
@@ -108,10 +108,12 @@ def get_metrics(
     max_points: Annotated[
         int | None, Query(ge=2, le=10_000, description="Downsample each series to at most this many points")
     ] = None,
-) -> JobMetrics:
+) -> Response:
     """Scalar series per optimizer step, for charts."""
-    job = jobs.get_job(session, principal, job_id)
-    return JobMetrics(job_id=job.id, series=service.metric_series(session, job.id, list(name), max_points))
+    names = list(name)
+    return json_body(
+        await run_read(request, lambda db: service.read_metrics(db, principal, job_id, names, max_points))
+    )
 
 
 @router.get("/{job_id}/logs", operation_id="getJobLogs", response_model=JobLogs, responses=ERRORS)

@@ -1,35 +1,44 @@
-"""Reading a job's progress: events, metric series, log tails."""
+"""Reading a job's progress: events, metric series, log tails.
+
+The event and metric pages are what the dashboard polls most: they are read as Core rows on the
+event loop (`server.common.reads`) and presented as plain data in their documented shapes
+(`JobEventList`, `JobMetrics`), with no ORM entities or response models built per point.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy.orm import Session
-
-from jobcore.db.models import JobEvent, JobMetric
+from server.auth.principal import Principal
+from server.errors import NotFound
 from server.jobs import repository
-from server.jobs.schemas import JobEventOut, LogFile, MetricPoint
+from server.jobs.repository import Db
+from server.jobs.schemas import JobEventOut, LogFile
 
 MAX_LOG_LINES = 5000
 # Reading backwards in blocks keeps a tail of a multi-GB log cheap.
 TAIL_BLOCK = 64 * 1024
 
 
-def present_event(event: JobEvent) -> JobEventOut:
-    return JobEventOut(
-        id=event.id,
-        created_at=event.created_at,
-        level=event.level,
-        type=event.type,
-        message=event.message,
-        data=event.data,
-    )
+def present_event(event: Mapping[Any, Any]) -> dict[str, Any]:
+    """A job event row as `JobEventOut` serializes it."""
+    return {
+        "id": event["id"],
+        "object": "job.event",
+        "created_at": event["created_at"],
+        "level": event["level"],
+        "type": event["type"],
+        "message": event["message"],
+        "data": event["data"],
+    }
 
 
 def list_events(
-    session: Session,
+    db: Db,
     job_id: str,
     *,
     after: int | None,
@@ -38,36 +47,70 @@ def list_events(
     types: list[str],
     levels: list[str],
 ) -> tuple[list[JobEventOut], bool]:
+    """A page of the job's events as models, for callers that present them their own way."""
     rows = repository.list_events(
-        session, job_id, after=after, limit=limit, descending=descending, types=types, levels=levels
+        db, job_id, after=after, limit=limit, descending=descending, types=types, levels=levels
     )
-    return [present_event(e) for e in rows[:limit]], len(rows) > limit
+    return [JobEventOut.model_validate(present_event(e)) for e in rows[:limit]], len(rows) > limit
 
 
-def downsample(points: list[JobMetric], max_points: int | None) -> list[MetricPoint]:
-    """At most `max_points` points: consecutive buckets of steps averaged, each at its last step.
+def _job_of_project(db: Db, principal: Principal, job_id: str) -> None:
+    if not repository.job_exists(db, principal.project_id, job_id):
+        raise NotFound(f"no job '{job_id}' in this project", param="job_id")
 
-    Averaging (rather than picking every k-th point) keeps the level of a noisy loss curve.
-    """
+
+def read_events(
+    db: Db,
+    principal: Principal,
+    job_id: str,
+    *,
+    after: int | None,
+    limit: int,
+    descending: bool,
+    types: list[str],
+    levels: list[str],
+) -> dict[str, Any]:
+    """A page of the job's events as `JobEventList` serializes it: two statements."""
+    _job_of_project(db, principal, job_id)
+    rows = repository.list_events(
+        db, job_id, after=after, limit=limit, descending=descending, types=types, levels=levels
+    )
+    data = [present_event(e) for e in rows[:limit]]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": len(rows) > limit,
+    }
+
+
+def downsample(points: Sequence[tuple[int, float]], max_points: int | None) -> list[dict[str, Any]]:
+    """At most `max_points` (step, value) points: consecutive buckets of steps averaged, each at
+    its last step. Averaging (rather than picking every k-th point) keeps the level of a noisy
+    loss curve."""
     if max_points is None or len(points) <= max_points:
-        return [MetricPoint(step=p.step, value=p.value) for p in points]
-    out: list[MetricPoint] = []
+        return [{"step": step, "value": value} for step, value in points]
+    out: list[dict[str, Any]] = []
     for bucket in range(max_points):
         start = bucket * len(points) // max_points
         end = (bucket + 1) * len(points) // max_points
         chunk = points[start:end]
         if chunk:
-            out.append(MetricPoint(step=chunk[-1].step, value=sum(p.value for p in chunk) / len(chunk)))
+            out.append({"step": chunk[-1][0], "value": sum(value for _, value in chunk) / len(chunk)})
     return out
 
 
-def metric_series(
-    session: Session, job_id: str, names: list[str], max_points: int | None
-) -> dict[str, list[MetricPoint]]:
-    grouped: dict[str, list[JobMetric]] = {}
-    for point in repository.metric_points(session, job_id, names):
-        grouped.setdefault(point.name, []).append(point)
-    return {name: downsample(points, max_points) for name, points in grouped.items()}
+def read_metrics(
+    db: Db, principal: Principal, job_id: str, names: list[str], max_points: int | None
+) -> dict[str, Any]:
+    """The job's metric series as `JobMetrics` serializes it: two statements."""
+    _job_of_project(db, principal, job_id)
+    grouped: dict[str, list[tuple[int, float]]] = {}
+    for name, step, value in repository.metric_points(db, job_id, names):
+        grouped.setdefault(name, []).append((step, value))
+    series = {name: downsample(points, max_points) for name, points in grouped.items()}
+    return {"object": "job.metrics", "job_id": job_id, "series": series}
 
 
 def tail_lines(path: Path, count: int) -> tuple[list[str], bool]:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import anyio
+from pydantic_core import to_json
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -47,9 +48,9 @@ def _read(
         drained = len(rows) <= BATCH
         chunks = []
         for row in rows[:BATCH]:
-            payload = present_event(row).model_dump_json()
-            chunks.append(format_event(row.id, row.type, payload))
-            after = row.id
+            payload = to_json(present_event(row)).decode()
+            chunks.append(format_event(row["id"], row["type"], payload))
+            after = row["id"]
         return status, chunks, after, drained
 
 

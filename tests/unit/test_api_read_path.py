@@ -1,16 +1,20 @@
 """The read path's shortcuts keep their promises: the principal cache honours revocation within
 its TTL (at once when revoked through this process), last_used_at is not written per request,
-a page costs a fixed number of statements, and a dead database connection is retried or
-answered 503 (never 500). On SQLite and PostgreSQL unless marked."""
+a page costs a fixed number of statements, rows presented without models match the documented
+models, a list reads the spec only with expand=spec, reads on PostgreSQL stay on the event loop,
+and a dead database connection is retried or answered 503 (never 500). On SQLite and PostgreSQL
+unless marked."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import Engine, create_engine, event, text, update
+from sqlalchemy.ext.asyncio import AsyncEngine
 from test_api_support import *  # noqa: F403
 from test_api_support import Api
 
@@ -18,6 +22,7 @@ from jobcore.db.models import ApiToken, Checkpoint, Job, utcnow
 from server.auth.cache import TTL_SECONDS, TtlCache, cache_for
 from server.auth.principal import Principal
 from server.auth.service import hash_token, list_tokens, revoke_token
+from server.jobs.schemas import JobEventList, JobMetrics, JobOut
 
 
 def _cache(api: Api) -> TtlCache[Principal]:
@@ -37,20 +42,30 @@ def _revoke_elsewhere(api: Api, plain: str) -> None:
     engine.dispose()
 
 
+def _engines(api: Api) -> list[Engine]:
+    """The app's engines: the synchronous one, and on PostgreSQL the asyncio one of the reads."""
+    read_engine: AsyncEngine | None = api.app.state.read_engine
+    return [api.app.state.engine] + ([read_engine.sync_engine] if read_engine is not None else [])
+
+
 @contextmanager
-def statements(api: Api) -> Iterator[list[str]]:
-    """The SQL statements the app's engine sends while the block runs."""
+def statements(api: Api, threads: list[str] | None = None) -> Iterator[list[str]]:
+    """The SQL statements the app's engines send while the block runs (and the names of the
+    threads that send them, into `threads`)."""
     seen: list[str] = []
-    engine: Engine = api.app.state.engine
 
     def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
         seen.append(statement)
+        if threads is not None:
+            threads.append(threading.current_thread().name)
 
-    event.listen(engine, "before_cursor_execute", record)
+    for engine in _engines(api):
+        event.listen(engine, "before_cursor_execute", record)
     try:
         yield seen
     finally:
-        event.remove(engine, "before_cursor_execute", record)
+        for engine in _engines(api):
+            event.remove(engine, "before_cursor_execute", record)
 
 
 def test_a_token_revoked_elsewhere_stops_working_within_the_cache_ttl(api: Api) -> None:
@@ -206,10 +221,15 @@ def _mixed_jobs(api: Api) -> dict[str, str]:
 
 def test_a_page_reads_as_each_job_does_alone_and_as_the_unbatched_path(api: Api) -> None:
     ids = _mixed_jobs(api)
-    page = api.client.get("/v1/jobs?limit=100", headers=api.admin).json()["data"]
+    page = api.client.get("/v1/jobs?limit=100&expand=spec", headers=api.admin).json()["data"]
     assert {j["id"] for j in page} == set(ids.values())
     for item in page:
         assert api.client.get(f"/v1/jobs/{item['id']}", headers=api.admin).json() == item
+        # Presented straight from the row, yet exactly what the documented model says.
+        assert JobOut.model_validate(item).model_dump(mode="json") == item
+    # Without expand=spec the same page, but no spec.
+    plain = api.client.get("/v1/jobs?limit=100", headers=api.admin).json()["data"]
+    assert plain == [{**item, "spec": None} for item in page]
     by_name = {j["name"]: j for j in page}
     assert {n: j["queue_position"] for n, j in by_name.items() if n.startswith("q-")} == {
         "q-high": 1,
@@ -249,3 +269,52 @@ def test_the_start_up_heap_is_out_of_the_collectors_sight(api: Api) -> None:
 
     # Frozen at the first start-up in this process; full collections then skip those objects.
     assert gc.get_freeze_count() > 10_000
+
+
+def test_a_list_reads_the_spec_only_when_asked_and_rejects_other_expansions(api: Api) -> None:
+    api.submit()
+    api.client.get("/v1/jobs", headers=api.admin)  # the admin principal is cached now
+    with statements(api) as plain:
+        assert api.client.get("/v1/jobs", headers=api.admin).json()["data"][0]["spec"] is None
+    with statements(api) as expanded:
+        spec = api.client.get("/v1/jobs?expand=spec", headers=api.admin).json()["data"][0]["spec"]
+    assert spec["model"]["model_id"] == "org/tiny-llama" and spec["training"]["seed"] is not None
+    assert "jobs.spec" not in plain[0] and "jobs.spec" in expanded[0]
+    bad = api.client.get("/v1/jobs?expand=metadata", headers=api.admin)
+    assert bad.status_code == 422 and bad.json()["error"]["param"].startswith("expand")
+
+
+def test_event_and_metric_pages_cost_two_statements_and_keep_their_shape(api: Api) -> None:
+    job = api.submit()
+    for index in range(5):
+        api.add_event(job["id"], f"line {index}", level="warn" if index % 2 else "info")
+    api.add_metrics(job["id"], "loss", [2.0, 1.5, 1.0, 0.5])
+    api.client.get("/v1/jobs", headers=api.admin)  # the admin principal is cached now
+    with statements(api) as event_reads:
+        events = api.client.get(f"/v1/jobs/{job['id']}/events?limit=3&level=warn", headers=api.admin).json()
+    with statements(api) as metric_reads:
+        metrics = api.client.get(f"/v1/jobs/{job['id']}/metrics?max_points=2", headers=api.admin).json()
+    assert len(event_reads) == 2 and len(metric_reads) == 2  # the job's project check, then the page
+    assert [e["message"] for e in events["data"]] == ["line 1", "line 3"] and not events["has_more"]
+    assert JobEventList.model_validate(events).model_dump(mode="json") == events
+    assert metrics["series"]["loss"] == [{"step": 2, "value": 1.75}, {"step": 4, "value": 0.75}]
+    assert JobMetrics.model_validate(metrics).model_dump(mode="json") == metrics
+    other = api.token("p2")  # another project's job is not there
+    for path in ("events", "metrics"):
+        response = api.client.get(f"/v1/jobs/{job['id']}/{path}", headers=other)
+        assert response.status_code == 404 and response.json()["error"]["param"] == "job_id"
+
+
+def test_reads_on_postgresql_run_on_the_event_loop_not_in_worker_threads(api: Api) -> None:
+    job = api.submit()
+    api.client.get("/v1/jobs", headers=api.admin)  # the admin principal is cached now
+    threads: list[str] = []
+    with statements(api, threads) as seen:
+        for path in ("", f"/{job['id']}", f"/{job['id']}/events", f"/{job['id']}/metrics"):
+            assert api.client.get(f"/v1/jobs{path}", headers=api.admin).status_code == 200
+    assert len(seen) == len(threads) >= 4
+    in_pool = [name for name in threads if name.startswith("AnyIO worker thread")]
+    if api.app.state.read_engine is None:  # SQLite: the synchronous engine, one hop per read
+        assert len(in_pool) == len(threads)
+    else:
+        assert in_pool == []

@@ -180,7 +180,9 @@ def test_list_filters_travel_as_repeated_query_parameters() -> None:
     client = make_client(handler)
     list(client.jobs.list(status=["queued", "running"], metadata={"team": "nlp", "run": "7"}, name="a"))
     list(client.jobs.events("job-1", order="desc", type=["status", "checkpoint"], level="error"))
-    jobs, events = seen
+    list(client.jobs.list(with_spec=True))
+    jobs, events, with_spec = seen
+    assert "expand" not in jobs.params and with_spec.params.get_list("expand") == ["spec"]
     assert jobs.params.get_list("status") == ["queued", "running"]
     assert jobs.params.get_list("metadata") == ["team:nlp", "run:7"] and jobs.params["name"] == "a"
     assert events.params["order"] == "desc" and events.params.get_list("type") == ["status", "checkpoint"]

@@ -137,7 +137,8 @@ export async function mount(root, { query, navigate }) {
     ),
   );
 
-  const params = (extra) => ({ status: filter.statuses, ...extra });
+  // expand=spec: a row shows the model id, and lists leave the spec out unless asked.
+  const params = (extra) => ({ status: filter.statuses, expand: "spec", ...extra });
 
   function render() {
     if (loadError) replace(body, errorBox(loadError, "Could not load the jobs"));
