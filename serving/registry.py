@@ -2,12 +2,14 @@
 
 Registered at start (replacing the row a previous run at the same URL left), heartbeated with
 the models in memory, removed at a clean stop. A host that dies without stopping leaves its row
-behind; its heartbeat goes stale and the server stops choosing it.
+behind; its heartbeat goes stale and the server stops choosing it, and the next host to register
+anywhere removes rows that have been silent for a day.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import delete, update
@@ -16,6 +18,8 @@ from jobcore.db.models import ServingHost, utcnow
 from jobcore.db.session import session_scope
 
 log = logging.getLogger(__name__)
+
+FORGET_AFTER = timedelta(days=1)
 
 
 class HostRegistry:
@@ -29,7 +33,9 @@ class HostRegistry:
 
     def register(self) -> str:
         with session_scope(self.database_url) as session:
+            gone = utcnow() - FORGET_AFTER
             session.execute(delete(ServingHost).where(ServingHost.url == self.url))
+            session.execute(delete(ServingHost).where(ServingHost.heartbeat_at < gone))
             host = ServingHost(
                 url=self.url, engine=self.engine, memory_bytes=self.memory_bytes, slots=self.slots
             )
