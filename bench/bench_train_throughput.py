@@ -4,9 +4,12 @@
     torchrun --nproc_per_node=2 bench/bench_train_throughput.py --strategy fsdp2
 
 Both loops train the same freshly initialised Llama on the same synthetic token batches with the
-same optimizer, gradient clipping and strategy (DDP, or FSDP2 `fully_shard` per decoder layer);
-they alternate in rounds so that machine noise hits both alike. Rank 0 prints tokens/s of each and
-the ratio twinkle / plain (target >= 0.97).
+same optimizer, gradient clipping and strategy (DDP, or FSDP2 `fully_shard` per decoder layer).
+After a warm-up, `--repeats` blocks of `--steps` steps of each loop are timed (a barrier before and
+after each block, none between its steps, as in real training); which loop goes first alternates
+from one repeat to the next (ABBA), so machine noise and drift hit both alike. Rank 0 prints
+tokens/s of each, the ratio twinkle / plain of each repeat, their median (the figure; target
+>= 0.97) and the ratio of the median block times.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--local-batch", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed block")
+    parser.add_argument("--repeats", type=int, default=7, help="timed blocks of each loop (>= 5)")
     parser.add_argument("--twinkle-first", action="store_true", help="build the TransformersModel first")
     return parser.parse_args()
 
@@ -105,44 +108,53 @@ def twinkle_loop(args: argparse.Namespace) -> Callable[[dict[str, torch.Tensor]]
     return step
 
 
-def timed_step(step: Callable[[dict[str, torch.Tensor]], None], batch: dict[str, torch.Tensor]) -> float:
+def timed_block(
+    step: Callable[[dict[str, torch.Tensor]], None], data: list[dict[str, torch.Tensor]]
+) -> float:
+    """Seconds for the slowest rank to run every batch of `data` through `step`."""
     dist.barrier()
     start = time.perf_counter()
-    step(batch)
+    for batch in data:
+        step(batch)
     dist.barrier()
-    return time.perf_counter() - start
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed)
 
 
 def main() -> None:
     args = parse_args()
+    if args.repeats < 1 or args.steps < 1:
+        raise ValueError("--repeats and --steps must be positive")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     dist.init_process_group("gloo")
     data = batches(args, args.steps)
     builders = {"plain": plain_loop, "twinkle": twinkle_loop}
     order = ["twinkle", "plain"] if args.twinkle_first else ["plain", "twinkle"]
     loops = {name: builders[name](args) for name in order}
-    for name in loops:
-        for batch in data[:2]:  # warm-up: allocator, autograd graph, DDP buckets, optimizer state
-            timed_step(loops[name], batch)
-    # Steps alternate between the loops (ABBA order), so load from other processes on a shared
-    # machine falls on both alike; each loop's time is the sum of its own steps.
+    for name in loops:  # warm-up: allocator, autograd graph, DDP buckets, optimizer state
+        timed_block(loops[name], data[:3])
     seconds: dict[str, list[float]] = {"plain": [], "twinkle": []}
-    for round_index in range(args.rounds):
-        for index, batch in enumerate(data):
-            pair = ["plain", "twinkle"] if (round_index + index) % 2 == 0 else ["twinkle", "plain"]
-            for name in pair:
-                seconds[name].append(timed_step(loops[name], batch))
-    tokens_per_step = args.local_batch * args.seq_len * dist.get_world_size()
-    rate = {name: tokens_per_step * len(values) / sum(values) for name, values in seconds.items()}
-    median_ratio = statistics.median(p / t for p, t in zip(seconds["plain"], seconds["twinkle"], strict=True))
+    for index in range(args.repeats):
+        pair = ["plain", "twinkle"] if index % 2 == 0 else ["twinkle", "plain"]
+        for name in pair:
+            seconds[name].append(timed_block(loops[name], data))
+    tokens_per_block = args.local_batch * args.seq_len * dist.get_world_size() * args.steps
+    ratios = [p / t for p, t in zip(seconds["plain"], seconds["twinkle"], strict=True)]
     if dist.get_rank() == 0:
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config(args)).parameters())
         print(f"strategy={args.strategy} world={dist.get_world_size()} params={params / 1e6:.1f}M")
         for name, values in seconds.items():
-            print(f"{name:8s} {rate[name]:10.1f} tokens/s  ({len(values)} steps, {sum(values):.2f} s)")
+            rate = tokens_per_block / statistics.median(values)
+            spread = ", ".join(f"{v:.2f}" for v in values)
+            blocks = f"median of {len(values)} blocks of {args.steps} steps: {spread} s"
+            print(f"{name:8s} {rate:10.1f} tokens/s ({blocks})")
+        print("ratio twinkle/plain per repeat: " + ", ".join(f"{r:.3f}" for r in ratios))
+        median_blocks = statistics.median(seconds["plain"]) / statistics.median(seconds["twinkle"])
         print(
-            f"ratio twinkle/plain = {rate['twinkle'] / rate['plain']:.3f} "
-            f"(median of per-step ratios {median_ratio:.3f})"
+            f"ratio twinkle/plain = {statistics.median(ratios):.3f} (median of {len(ratios)} alternated "
+            f"repeats; min {min(ratios):.3f}, max {max(ratios):.3f}; "
+            f"ratio of median blocks {median_blocks:.3f})"
         )
     dist.destroy_process_group()
 

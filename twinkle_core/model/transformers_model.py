@@ -6,10 +6,14 @@ Lifecycle: construct (validates every argument, loads or initialises the weights
 
 Loss normalisation: each micro-batch contributes the *sum* of its token losses, so that N
 micro-batches of an accumulation window weigh every token equally, exactly like one batch N times
-larger. To keep gradient magnitudes those of a mean loss, the backward pass divides by the global
-token count of the window's first micro-batch; the optimizer step multiplies by
-first_count / window_count, which makes the gradient the token mean over the whole window and
-every rank.
+larger. The backward pass runs on that sum and the optimizer step multiplies the gradients by
+world_size / window_tokens (the window's token count over every rank), which makes the gradient
+the token mean over the whole window and every rank. The window's loss and token totals are
+summed over the ranks by one all-reduce, started after the last micro-batch's forward pass and
+in flight during its backward pass: the only collective the token weighting adds to a step.
+Under fp16 the backward pass divides by the global token count of the window's first micro-batch
+instead (reduced during its forward pass), because fp16 gradients of a token sum would overflow
+where those of a mean do not.
 
 The wrapper owns the model, its strategy and the accumulation window; the optimizer, scheduler and
 grad scaler live in an `OptimizerBundle` (`optim.py`) and checkpoints are written and read by a
@@ -62,12 +66,17 @@ class _Window:
     micro_batches: int = 0
     loss_sum: float = 0.0
     tokens: int = 0
-    scale_tokens: float = 1.0  # global tokens of the first micro-batch: the backward divisor
+    # What the backward pass multiplied the token-loss sum by, and the numerator of the step's
+    # gradient factor (numerator / window tokens): 1 and world_size, or under fp16
+    # world_size / first_tokens and first_tokens (the first micro-batch's global token count).
+    loss_multiplier: float = 1.0
+    grad_numerator: float = 1.0
     reduced: bool = False  # gradients already rescaled to the window's token mean
     global_loss: float | None = None
     global_tokens: int = 0
-    loss_tensor: torch.Tensor | None = None
-    loss_reduction: Any = None  # an in-flight all-reduce of loss_tensor
+    totals: torch.Tensor | None = None  # [loss sum, tokens] of the window, summed over the ranks
+    totals_reduction: Any = None  # the all-reduce of `totals` in flight
+    totals_micro_batches: int = 0  # how many micro-batches `totals` covers
     rng: dict[str, Any] | None = None  # this rank's RNG state when the window began (for `save`)
 
 
@@ -78,12 +87,10 @@ def _start_all_reduce(tensor: torch.Tensor) -> Any:
     return None
 
 
-def _finish_loss(window: _Window) -> None:
-    if window.loss_tensor is None:
-        return
-    if window.loss_reduction is not None:
-        window.loss_reduction.wait()
-    window.global_loss = float(window.loss_tensor[0]) / max(float(window.global_tokens), 1.0)
+def _local_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The local shards of DTensors (FSDP2), the tensors themselves otherwise: an elementwise
+    in-place op on them is one on the DTensors, without DTensor's per-op dispatch."""
+    return [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
 
 
 def _model_files(model_id: str) -> tuple[Path, Path]:
@@ -347,31 +354,42 @@ class TransformersModel:
         if window.reduced:
             raise ValueError("forward_backward after clip_grad_norm: call step() to finish the window first")
         labels = inputs["labels"]
-        local_tokens = int((labels[:, 1:] != IGNORE_INDEX).sum())
         count_reduction = None
+        world_size = self.info.world_size
         if window.micro_batches == 0:
             # A checkpoint taken inside this window describes its start (see `save`).
             window.rng = state_io.rng_state()
-            # The backward divisor must be the same number on every rank, so it is a global count.
-            # Its all-reduce runs in the background while the forward pass computes.
-            count = torch.tensor([float(local_tokens)], dtype=torch.float64, device=self.info.device)
-            count_reduction = _start_all_reduce(count)
+            window.loss_multiplier, window.grad_numerator = 1.0, float(world_size)
+            if self.optim.grad_scaler is not None:
+                # fp16: the backward divisor must be the same number on every rank, so it is a
+                # global count; its all-reduce runs in the background while the forward computes.
+                local_tokens = int((labels[:, 1:] != IGNORE_INDEX).sum())
+                count = torch.tensor([float(local_tokens)], dtype=torch.float64, device=self.info.device)
+                count_reduction = _start_all_reduce(count)
         last_in_window = window.micro_batches + 1 >= self.gradient_accumulation_steps
         with self.strategy.no_sync(wrapped, sync=last_in_window):
             with self._autocast():
                 outputs = wrapped(**self._model_inputs(inputs))
             loss_sum, tokens = self._token_loss(outputs.logits, labels)
-            if window.micro_batches == 0:
+            window.loss_sum += float(loss_sum.detach())
+            window.tokens += tokens
+            if last_in_window:
+                # The window's totals, summed over the ranks while the backward pass computes.
+                window.totals = torch.tensor(
+                    [window.loss_sum, float(window.tokens)], dtype=torch.float64, device=self.info.device
+                )
+                window.totals_reduction = _start_all_reduce(window.totals)
+                window.totals_micro_batches = window.micro_batches + 1
+            if window.micro_batches == 0 and self.optim.grad_scaler is not None:
                 if count_reduction is not None:
                     count_reduction.wait()
-                window.scale_tokens = max(float(count.item()), 1.0)
-            # DDP / FSDP average gradients over the ranks; multiplying by world size makes it a sum.
-            scaled = loss_sum * (self.info.world_size / window.scale_tokens)
+                first_tokens = max(float(count.item()), 1.0)
+                # DDP / FSDP average gradients over the ranks; multiplying by world size makes it a sum.
+                window.loss_multiplier, window.grad_numerator = world_size / first_tokens, first_tokens
+            scaled = loss_sum * window.loss_multiplier if window.loss_multiplier != 1.0 else loss_sum
             scaled = self.optim.scale(scaled)
             scaled.backward()
         window.micro_batches += 1
-        window.loss_sum += float(loss_sum.detach())
-        window.tokens += tokens
         return {"loss": float(loss_sum.detach()) / max(tokens, 1), "num_tokens": tokens}
 
     # -------------------------------------------------------------------------- stepping
@@ -379,32 +397,30 @@ class TransformersModel:
         return [p for p in self.wrapped.parameters() if p.requires_grad]
 
     def _reduce_window(self) -> None:
-        """Rescale gradients from the first micro-batch's token count to the window's (once)."""
+        """Sum the window's loss and tokens over the ranks, and rescale the gradients to the token
+        mean of the window (once)."""
         window = self._window
         if window.reduced:
             return
         self.optim.require_optimizer()
-        if window.micro_batches == 1:
-            # One micro-batch: its global token count is already known (the backward divisor), so
-            # the gradients need no rescaling and the loss for reporting is reduced in the
-            # background, overlapping the optimizer step (see _finish_loss).
-            total_tokens = window.scale_tokens
-            window.loss_tensor = torch.tensor([window.loss_sum], dtype=torch.float64, device=self.info.device)
-            window.loss_reduction = _start_all_reduce(window.loss_tensor)
-        else:
+        if window.totals_reduction is not None:
+            window.totals_reduction.wait()
+        totals = window.totals
+        if totals is None or window.totals_micro_batches != window.micro_batches:
+            # The window ended before or after the micro-batch that announced itself as its last
+            # (step() called early, or accumulation steps not announced): sum its totals now.
             totals = torch.tensor(
                 [window.loss_sum, float(window.tokens)], dtype=torch.float64, device=self.info.device
             )
             all_reduce_(totals)
-            total_tokens = max(float(totals[1]), 1.0)
-            window.global_loss = float(totals[0]) / total_tokens
+        total_tokens = max(float(totals[1]), 1.0)
+        window.global_loss = float(totals[0]) / total_tokens
         window.global_tokens = int(total_tokens)
         self.optim.unscale_()
-        factor = window.scale_tokens / max(total_tokens, 1.0)
+        factor = window.grad_numerator / total_tokens
         if factor != 1.0:
-            for param in self._trainable():
-                if param.grad is not None:
-                    param.grad.mul_(factor)
+            grads = [p.grad for p in self._trainable() if p.grad is not None]
+            torch._foreach_mul_(_local_tensors(grads), factor)
         window.reduced = True
 
     def clip_grad_norm(self, max_grad_norm: float | None = 1.0, norm_type: float = 2.0) -> float:
@@ -420,8 +436,7 @@ class TransformersModel:
             # The same fp32 coefficient torch.nn.utils.clip_grad_norm_ computes (bitwise), as a scalar.
             coefficient = torch.clamp(float(max_grad_norm) / (norm.float() + 1e-6), max=1.0)
             if float(coefficient) < 1.0:
-                for grad in grads:
-                    grad.mul_(float(coefficient))
+                torch._foreach_mul_(_local_tensors(grads), float(coefficient))
         return float(norm)
 
     def step(self) -> None:
@@ -455,7 +470,6 @@ class TransformersModel:
         lr = self.current_lr()
         self.step()
         self.zero_grad()
-        _finish_loss(window)
         return {
             "step": self.cur_step,
             "loss": window.global_loss,
