@@ -141,6 +141,9 @@ def _load_base(request: ExportRequest) -> Any:
     base_dir = resolve_model_id(request.base_model)
     config = build_config(request.config, base_dir)
     kwargs = dict(request.kwargs)
+    # How attention is computed changes no weight, and a GPU kernel (flash_attention_2) would not
+    # load on the exporter, which runs on the CPU.
+    kwargs.pop("attn_implementation", None)
     if "dtype" not in kwargs and "torch_dtype" not in kwargs:
         kwargs["dtype"] = "auto"
     model_cls = resolve_model_cls(request.model_cls)
