@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-TWINKLE_SERVICES = ("migrate", "server", "worker", "beat")
+TWINKLE_SERVICES = ("migrate", "server", "worker", "serving", "beat")
 
 
 def load_module(name: str, path: Path) -> ModuleType:
