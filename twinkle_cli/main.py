@@ -67,7 +67,8 @@ def migrate() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 def up(host: str, port: int) -> None:
-    """Run the server and a worker together on the configured (default: embedded) database and broker."""
+    """Run the server, a worker and a serving host together on the configured (default: embedded)
+    database and broker."""
     from twinkle_cli.stack import LocalStack
 
     stack = LocalStack(get_settings(), host=host, port=port)
@@ -76,7 +77,7 @@ def up(host: str, port: int) -> None:
         stack.start()
         click.echo(f"Twinkle Jobs is up at {stack.url}  (dashboard: {stack.url}/)")
         click.echo(f"API token: {stack.token}")
-        click.echo(f"data dir:  {stack.settings.data_dir}   (Ctrl-C stops server and worker)")
+        click.echo(f"data dir:  {stack.settings.data_dir}   (Ctrl-C stops them all)")
         code = stack.wait()
     except KeyboardInterrupt:
         code = 0  # Ctrl-C or SIGTERM: the stop that was asked for, not a failure
