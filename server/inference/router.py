@@ -7,9 +7,9 @@ serving host and relays the request there (server/inference/relay.py).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
@@ -25,6 +25,7 @@ from server.inference.schemas import (
     Completion,
     CompletionCreate,
     ModelList,
+    ModelObject,
 )
 
 router = APIRouter(prefix="/v1", tags=["inference"])
@@ -82,6 +83,22 @@ async def list_models(session: SessionDep, principal: ReadPrincipal) -> ModelLis
     """What the project can call (every succeeded job's `fine_tuned_model`), then the base models
     its jobs train on (listed, not served)."""
     return await run_read(session, lambda: service.list_models(session, principal))
+
+
+@router.get(
+    "/models/{model:path}",
+    operation_id="retrieveModel",
+    response_model=ModelObject,
+    responses=error_responses(401, 403, 404, 429),
+)
+async def retrieve_model(
+    model: Annotated[str, Path(max_length=512, description="A name from /v1/models, or JOB_ID:ckpt-STEP")],
+    session: SessionDep,
+    principal: ReadPrincipal,
+) -> ModelObject:
+    """One model: a fine-tuned model or checkpoint the project can call, or a base model its jobs
+    train on; anything else is a 404 naming `model`."""
+    return await run_read(session, lambda: service.get_model(session, principal, model))
 
 
 @router.post(

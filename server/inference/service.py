@@ -112,6 +112,30 @@ def _unix(moment: datetime) -> int:
     return int(moment.timestamp())
 
 
+def get_model(session: Session, principal: Principal, model: str) -> ModelObject:
+    """One model by its name (`client.models.retrieve`): anything `resolve` serves, or a base model
+    the project trains on; everything else is the same 404 as a call would get."""
+    try:
+        served = resolve(session, principal, model)
+    except NotFound:
+        first_used = dict(repository.base_models(session, principal.project_id)).get(model)
+        if first_used is None:
+            raise
+        return ModelObject(id=model, created=_unix(first_used), owned_by=BASE_MODEL_OWNER, servable=False)
+    job = repository.job_in_project(session, principal.project_id, served.job_id)
+    checkpoint = repository.live_checkpoint(session, served.job_id, served.step)
+    assert job is not None and checkpoint is not None  # resolve() has just read both
+    final = isinstance(names.parse(model), names.FineTunedName)
+    return ModelObject(
+        id=model,
+        created=_unix(job.finished_at if final and job.finished_at else checkpoint.created_at),
+        owned_by=principal.project_id,
+        parent=ModelSection.model_validate((job.spec or {}).get("model") or {}).model_id,
+        job_id=job.id,
+        servable=True,
+    )
+
+
 def list_models(session: Session, principal: Principal) -> ModelList:
     """Fine-tuned models (newest first), then the base models they were trained from."""
     tuned = [

@@ -174,6 +174,16 @@ def test_models_list_is_project_scoped(api: Api) -> None:
     assert tuned.model_extra["parent"] == "org/tiny-llama" and tuned.model_extra["servable"] is True
     assert models.data[1].owned_by == "twinkle" and models.data[1].model_extra["servable"] is False  # type: ignore[index]
 
+    # One by one, as `client.models.retrieve` asks: what resolves, and the bases; nothing else.
+    assert client.models.retrieve(ids[0]).model_extra == tuned.model_extra
+    checkpoint = client.models.retrieve(f"{failed['id']}:ckpt-1")
+    assert checkpoint.model_extra is not None and checkpoint.model_extra["job_id"] == failed["id"]
+    assert client.models.retrieve("org/other-base").owned_by == "twinkle"
+    for unknown in (f"ft:secret-base:demo:{foreign['id']}", "org/secret-base", f"{failed['id']}:ckpt-2"):
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.models.retrieve(unknown)
+        assert missing.value.body["param"] == "model"  # type: ignore[index]
+
     theirs = api.client.get("/v1/models", headers=api.token("team-b")).json()
     assert [m["id"] for m in theirs["data"]] == [f"ft:secret-base:demo:{foreign['id']}", "org/secret-base"]
 
