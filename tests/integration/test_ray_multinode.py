@@ -7,9 +7,10 @@ SQLite, the worker with `TWINKLE_RAY_ADDRESS`). One cluster and one service for 
   retried as a second Ray job from step-2, and ends `succeeded` with the losses and the weights
   (bit for bit) of a 2-node torchrun gang of the same spec (the c10d rendezvous of worker.gang's
   nodes, run here directly); both placement groups are removed.
-- `POST /cancel` on a running 2-node job: `cancelled`, the Ray job STOPPED, its placement group
+- `POST /pause`: the signal reaches both nodes' ranks, the job is `paused` at a checkpoint; then,
+  resumed and held again, `POST /cancel`: `cancelled`, the Ray job STOPPED, its placement group
   removed, no node actor alive, no torchrun or rank left.
-- `POST /pause`: the signal reaches both nodes' ranks, the job is `paused` at a checkpoint.
+- A lost worker's 2-node Ray job is stopped by the reconciler, which frees its group.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ ray = pytest.importorskip(
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 MAX_STEPS = 4
-# `twinkle_core.train` with a hold: the first fresh run whose global rank 0 takes the token file
-# waits after its step-2 checkpoint until it is stopped or paused (the other node's rank waits in
-# its next collective), so a test acts on a job that provably has not finished.
+# `twinkle_core.train` with a hold: the run whose global rank 0 takes the token file after a step
+# from step 2 on waits there, its step-2 checkpoint complete, until it is stopped or paused (the
+# other node's rank waits in its next collective), so a test acts on a job that provably has not
+# finished. Waiting changes no arithmetic.
 HOLD_RUNNER = r"""
 import os, time
 from twinkle_core import train
@@ -42,8 +44,8 @@ plain_after_step = train.JobRunner.after_step
 
 def after_step(self, result):
     outcome = plain_after_step(self, result)
-    fresh = self.resume_from is None and os.environ.get("RANK", "0") == "0"
-    if outcome is None and fresh and self.model.cur_step == 2:
+    rank0 = os.environ.get("RANK", "0") == "0"
+    if outcome is None and rank0 and self.model.cur_step >= 2:
         try:
             os.rename(os.environ["TWINKLE_TEST_HOLD_TOKEN"], self.job_dir / "held")
         except FileNotFoundError:
@@ -313,27 +315,14 @@ def test_a_node_killed_mid_run_resumes_to_the_gang_result(
     assert node_processes(ray_service.job_dir(job_id)) == []
 
 
-def test_cancel_leaves_nothing_on_the_cluster(
+def test_pause_reaches_every_node_and_cancel_leaves_nothing_on_the_cluster(
     ray_service: RayService, tiny_model_dir: Path, text_dataset: Path
 ) -> None:
+    """One job for both (a 2-node start costs most of a test): paused while held in attempt 1,
+    resumed, held again in attempt 2, and cancelled there."""
     ray_service.token.write_text("hold")
     job_id = ray_service.submit(job_spec(tiny_model_dir, text_dataset))
-    ray_service.wait_held(job_id)
-    assert len(ray_service.live_node_actors()) == 2
-    with ray_service.svc.client() as client:
-        assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
-    job = ray_service.svc.wait_terminal(job_id, timeout=120)
-    assert job["status"] == "cancelled", (job, ray_service.svc.worker_log())
-    assert ray_service.ray_status(job_id, 1) == "STOPPED"
-    assert job["engine"]["state"] == "STOPPED"
-    assert ray_service.placement_group(job_id, 1).state == "REMOVED"
-    assert ray_service.live_node_actors() == []
-    assert node_processes(ray_service.job_dir(job_id)) == []
-
-
-def test_pause_reaches_every_node(ray_service: RayService, tiny_model_dir: Path, text_dataset: Path) -> None:
-    ray_service.token.write_text("hold")
-    job_id = ray_service.submit(job_spec(tiny_model_dir, text_dataset))
+    job_dir = ray_service.job_dir(job_id)
     ray_service.wait_held(job_id)
     with ray_service.svc.client() as client:
         assert client.post(f"/v1/jobs/{job_id}/pause").status_code == 200
@@ -341,15 +330,29 @@ def test_pause_reaches_every_node(ray_service: RayService, tiny_model_dir: Path,
     while (job := ray_service.job(job_id))["status"] != "paused":
         assert job["status"] in ("running", "pausing") and time.monotonic() < deadline, job
         time.sleep(0.3)
-    log = (ray_service.job_dir(job_id) / "logs" / "attempt-1.log").read_text()
+    log = (job_dir / "logs" / "attempt-1.log").read_text()
     assert "signal 10 sent to 2 ranks on 2 nodes" in log, log[-3000:]
     # Every node's ranks stopped at the pause checkpoint and exited 0: the Ray job succeeded.
     assert ray_service.ray_status(job_id, 1) == "SUCCEEDED"
     assert "/checkpoints/step-" in job["resume_from"]
     assert ray_service.placement_group(job_id, 1).state == "REMOVED"
-    assert node_processes(ray_service.job_dir(job_id)) == []
+    assert node_processes(job_dir) == []
+
+    (job_dir / "held").unlink()
+    ray_service.token.write_text("hold")  # attempt 2 holds after its first step
     with ray_service.svc.client() as client:
-        assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200  # paused: ends here
+        assert client.post(f"/v1/jobs/{job_id}/resume").status_code == 200
+    ray_service.wait_held(job_id)
+    assert len(ray_service.live_node_actors()) == 2
+    with ray_service.svc.client() as client:
+        assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
+    job = ray_service.svc.wait_terminal(job_id, timeout=120)
+    assert job["status"] == "cancelled" and job["attempt"] == 2, (job, ray_service.svc.worker_log())
+    assert ray_service.ray_status(job_id, 2) == "STOPPED"
+    assert job["engine"] == {"name": "ray", "job_id": f"twinkle-{job_id}-attempt-2", "state": "STOPPED"}
+    assert ray_service.placement_group(job_id, 2).state == "REMOVED"
+    assert ray_service.live_node_actors() == []
+    assert node_processes(job_dir) == []
 
 
 def test_the_reconciler_frees_the_group_of_a_job_whose_worker_died(
