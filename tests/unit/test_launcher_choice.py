@@ -21,6 +21,7 @@ from jobcore.settings import Settings
 from worker.agent import WorkerAgent
 from worker.attempt import AttemptTarget, start_attempt
 from worker.claim import claim_next_job
+from worker.supervisor import Supervisor
 
 SPEC: dict[str, Any] = {"model": {"config": {}}, "data": {"train_file": "/dev/null"}}
 RAY_SPEC: dict[str, Any] = {**SPEC, "resources": {"launcher": "ray"}}
@@ -100,3 +101,21 @@ def test_launcher_of_stored_specs_and_no_ray_job_without_an_address(tmp_path: Pa
     local.reap()
     assert (tmp_path / "logs" / "a.log").read_text() == "hi\n"
     assert local.description.startswith("launched torchrun (pid ")
+
+
+def test_a_ray_job_takes_no_lease_and_is_claimed_with_every_slot_taken(settings: Settings) -> None:
+    from sqlalchemy import select
+
+    from jobcore.db.models import GangMember
+
+    (ray_job,) = add_jobs(settings, {**SPEC, "resources": {"launcher": "ray", "nnodes": 2}})
+    agent = WorkerAgent(settings.model_copy(update={"ray_address": "http://127.0.0.1:8265"}), slots=1)
+    assert agent.ledger.acquire("another-job", 1) is not None
+    assert not agent.ledger.has_capacity()  # a torchrun job would wait for this slot
+    sup = agent._claim_one()
+    assert sup is not None and sup.job_id == ray_job
+    assert isinstance(sup, Supervisor) and sup.a.gpu_ids == [] and sup.a.launcher == "ray"
+    assert sup.a.nnodes == 1  # Ray places the nodes: this worker leads no gang of workers
+    assert agent.ledger.active_jobs() == ["another-job"]
+    with session_scope(settings.resolved_database_url) as session:
+        assert session.scalars(select(GangMember)).all() == []
