@@ -9,6 +9,7 @@ Nothing is mocked: SQL, the broker, torchrun, the host's generation and the rela
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -148,6 +149,10 @@ def test_completions_on_a_checkpoint_and_the_model_list(stack: Stack) -> None:
         stack.client.completions.create(model=f"{lora.id}:ckpt-9", prompt="x", max_tokens=1)
     assert missing.value.body["param"] == "model"  # type: ignore[index]
 
+    with pytest.raises(openai.BadRequestError) as too_long:  # the tiny model's context is 256 tokens
+        stack.client.completions.create(model=first, prompt="the cat", max_tokens=300)
+    assert too_long.value.body["param"] == "prompt"  # type: ignore[index]
+
     ids = [m.id for m in stack.client.models.list()]
     assert set(ids) == {stack.jobs["full"].fine_tuned_model, lora.fine_tuned_model, stack.base_model}
 
@@ -186,3 +191,11 @@ def test_a_client_leaving_mid_stream_frees_the_host_slot(stack: Stack) -> None:
     assert freed < generating / 2, (freed, generating)
     again = stack.client.chat.completions.create(model=model, messages=PROMPT, max_tokens=2)
     assert again.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_checkpoint_whose_files_are_gone_is_a_404_naming_model(stack: Stack) -> None:
+    full = stack.jobs["full"]
+    shutil.rmtree(stack.service.data_dir / "jobs" / full.id / "checkpoints" / "step-1")
+    with pytest.raises(openai.NotFoundError) as gone:  # the row is there; the host finds no files
+        stack.client.completions.create(model=f"{full.id}:ckpt-1", prompt="x", max_tokens=1)
+    assert gone.value.body["param"] == "model"  # type: ignore[index]
