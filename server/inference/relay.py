@@ -80,6 +80,14 @@ class HostRelay(Response):
                 except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                     log.warning("serving host %s unreachable (%s); trying the next", url, exc)
                     continue
+                except httpx.TransportError as exc:
+                    # Connected, then the host went away before answering (it crashed or restarted).
+                    log.warning("serving host %s broke off the request: %r", url, exc)
+                    message = f"the serving host broke off the request ({type(exc).__name__}); retry"
+                    await error_json(502, "api_error", "serving_host_error", message, None)(
+                        scope, receive, send
+                    )
+                    return
                 try:
                     await self._answer(url, upstream, scope, receive, send)
                 finally:
@@ -124,7 +132,10 @@ class HostRelay(Response):
         self, url: str, upstream: httpx.Response, scope: Scope, receive: Receive, send: Send
     ) -> None:
         status = upstream.status_code
-        raw = await upstream.aread()
+        try:
+            raw = await upstream.aread()
+        except httpx.TransportError:
+            raw = b""  # no envelope to pass on: answered as the host's failure below
         envelope = _envelope(raw)
         passes = envelope is not None and (
             status == 503 or (400 <= status < 500 and status not in (401, 403))

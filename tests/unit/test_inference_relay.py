@@ -114,6 +114,22 @@ def test_an_unreachable_host_is_skipped(url: str, relay: tuple[str, dict[str, An
     assert none.json()["error"]["code"] == "no_serving_host"
 
 
+def test_a_host_that_drops_the_request_is_a_502(url: str, relay: tuple[str, dict[str, Any]]) -> None:
+    with socket.socket() as listener:  # accepts, reads the request, hangs up without an answer
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def hang_up() -> None:
+            connection, _ = listener.accept()
+            connection.recv(65536)
+            connection.close()
+
+        threading.Thread(target=hang_up, daemon=True).start()
+        relay[1]["hosts"] = [f"http://127.0.0.1:{listener.getsockname()[1]}"]
+        dropped = httpx.post(f"{url}/v1/chat/completions", json=_chat(), timeout=10)
+    assert dropped.status_code == 502 and dropped.json()["error"]["code"] == "serving_host_error"
+
+
 def test_a_client_that_leaves_mid_stream_stops_the_generation(
     url: str, host: Standin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
