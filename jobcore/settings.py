@@ -90,6 +90,29 @@ class WorkerSettings(_Environment):
         description="A Ray cluster's job API (the dashboard, http://head:8265): this worker then also "
         "runs resources.launcher='ray' jobs, as Ray jobs there; unset: it never claims them",
     )
+    slurm: bool = Field(
+        default=False,
+        description="This worker also hands resources.launcher='slurm' jobs to Slurm (sbatch on this "
+        "host); unset: it never claims them",
+    )
+    slurm_bin_dir: str | None = Field(
+        default=None, description="Where sbatch/scontrol/scancel are; default: PATH"
+    )
+    slurm_partition: str | None = Field(
+        default=None, description="Partition of jobs whose spec names none; default: the cluster's"
+    )
+    slurm_account: str | None = Field(
+        default=None, description="--account of Slurm jobs (unless the project has its own)"
+    )
+    slurm_project_accounts: dict[str, str] | None = Field(
+        default=None,
+        description='JSON {"<project name or id>": "<account>"}: the Slurm account each project is '
+        "charged to; others get TWINKLE_SLURM_ACCOUNT",
+    )
+    slurm_gpus: bool = Field(
+        default=True, description="Ask Slurm for nproc_per_node GPUs per node; false on a CPU-only cluster"
+    )
+    slurm_cpus_per_rank: int = Field(default=1, ge=1, description="CPUs Slurm allocates per rank")
 
 
 class ServingSettings(_Environment):

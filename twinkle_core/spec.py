@@ -29,7 +29,7 @@ DataFormat = Literal["auto", "chat", "prompt_completion", "text"]
 RecordField = Literal["messages", "prompt", "completion", "text"]
 DatasetSplit = Annotated[str, StringConstraints(pattern=SPLIT.pattern)]
 ColumnName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
-Launcher = Literal["torchrun", "ray"]
+Launcher = Literal["torchrun", "ray", "slurm"]
 SamplePrompt = Annotated[str, StringConstraints(min_length=1, max_length=2000)]
 
 
@@ -223,6 +223,21 @@ class ResourcesSection(_Section):
         "same command to its Ray cluster (TWINKLE_RAY_ADDRESS) as a Ray job, one torchrun per node in a "
         "placement group when nnodes > 1",
     )
+
+    partition: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="launcher 'slurm' (the worker submits the job with sbatch, one torchrun per "
+        "allocated node; docs/scale.md) only: the Slurm partition; default: TWINKLE_SLURM_PARTITION",
+    )
+
+    @model_validator(mode="after")
+    def _partition_is_slurms(self) -> ResourcesSection:
+        if self.partition is not None and self.launcher != "slurm":
+            raise ValueError(f"partition is for launcher 'slurm', not {self.launcher!r}")
+        return self
 
     @property
     def world_size(self) -> int:

@@ -58,8 +58,11 @@ class WorkerAgent:
 
     @property
     def launchers(self) -> tuple[str, ...]:
-        """The launchers this worker can run: torchrun always, Ray with a Ray address."""
-        return ("torchrun", "ray") if self.settings.ray_address else ("torchrun",)
+        """The launchers this worker can run: torchrun always, Ray with a Ray address, Slurm with
+        TWINKLE_SLURM."""
+        ray = ("ray",) if self.settings.ray_address else ()
+        slurm = ("slurm",) if self.settings.slurm else ()
+        return ("torchrun", *ray, *slurm)
 
     @property
     def _hands_off_jobs(self) -> bool:

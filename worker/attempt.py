@@ -9,14 +9,15 @@ the resume-from-checkpoint retry are the same code for both launchers (see docs/
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
 from worker.process_tree import ProcessTree, kill_all
 
-Launcher = Literal["torchrun", "ray"]
-LAUNCHERS: tuple[Launcher, ...] = ("torchrun", "ray")
+Launcher = Literal["torchrun", "ray", "slurm"]
+LAUNCHERS: tuple[Launcher, ...] = ("torchrun", "ray", "slurm")
 
 
 class RunningAttempt(Protocol):
@@ -110,6 +111,10 @@ class TorchrunAttempt:
         kill_all(self.tree.members.values())  # ranks that outlived torchrun
 
 
+# Submits the runner command (argv, env) to Slurm for one attempt (worker.slurm_launcher).
+SlurmSubmitter = Callable[[list[str], dict[str, str]], RunningAttempt]
+
+
 @dataclass(frozen=True)
 class AttemptTarget:
     """Everything `start_attempt` needs to know about the attempt besides its command."""
@@ -128,10 +133,17 @@ def start_attempt(
     cwd: Path,
     log_path: Path,
     ray_address: str | None,
+    slurm: SlurmSubmitter | None = None,
 ) -> RunningAttempt:
-    """Start `argv` with the attempt's launcher."""
+    """Start `argv` with the attempt's launcher (`slurm`: the worker's Slurm submission, bound to
+    the attempt, worker.slurm_launcher; None on a worker without TWINKLE_SLURM)."""
     if target.launcher == "torchrun":
         return TorchrunAttempt.start(argv, env, cwd, log_path)
+    if target.launcher == "slurm":
+        if slurm is None:
+            # The claim never gives such a job to this worker; a stale assignment is a bug.
+            raise RuntimeError("a launcher='slurm' job reached a worker without TWINKLE_SLURM")
+        return slurm(argv, env)
     if target.launcher == "ray":
         if not ray_address:
             # The claim never gives such a job to this worker; a stale assignment is a bug.

@@ -126,6 +126,12 @@ def ingest_events(
                     seen.dirs_to_remove.append(Path(location))
         elif kind == "started":
             seen.started = True
+            start = int(record.get("start_step") or 0)
+            if start:
+                # A runner starting at step N recomputes what follows: points past N are from an
+                # interrupted run (a Slurm requeue resumes within one attempt of ours).
+                rows.metrics = [m for m in rows.metrics if m["step"] <= start]
+                forget_metrics_after(session, job_id, start)
             if record.get("total_steps") is not None:
                 job_values["total_steps"] = int(record["total_steps"])
             rows.event(

@@ -33,6 +33,7 @@ from worker.process_tree import kill_all, processes_referencing
 from worker.ray_launcher import RAY_LAUNCHED_ENV, stop_lost_attempts
 from worker.recovery import retry_or_fail, succeed_if_finished
 from worker.registry import DEAD, ONLINE, process_is_alive
+from worker.slurm_attempt import SLURM_LAUNCHED_ENV
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def kill_orphans(settings: Settings, live_worker_pids: set[int]) -> list[int]:
     """Kill this host's job processes that no live worker started; returns their PIDs."""
     orphans = []
     for proc in processes_referencing(str(settings.jobs_dir) + "/", "spec.json"):
-        if not _descends_from(proc, live_worker_pids) and not _runs_under_ray(proc):
+        if not _descends_from(proc, live_worker_pids) and not _runs_under_engine(proc):
             orphans.append(proc)
     if orphans:
         log.warning("killing orphaned job processes %s", [p.pid for p in orphans])
@@ -130,13 +131,15 @@ def kill_orphans(settings: Settings, live_worker_pids: set[int]) -> list[int]:
     return [p.pid for p in orphans]
 
 
-def _runs_under_ray(proc: psutil.Process) -> bool:
-    """A Ray job's runner (on a Ray node that is also this host) descends from Ray, not from a
-    worker: Ray owns it, and the next attempt stops it through Ray (worker.ray_launcher)."""
+def _runs_under_engine(proc: psutil.Process) -> bool:
+    """A Ray or Slurm job's runner (on a node that is also this host) descends from Ray or from
+    slurmd, not from a worker: the engine owns it, and the next attempt stops it through the engine
+    (worker.ray_launcher, worker.slurm_attempt)."""
     try:
-        return proc.environ().get(RAY_LAUNCHED_ENV) == "1"
+        env = proc.environ()
     except psutil.Error:
         return False
+    return env.get(RAY_LAUNCHED_ENV) == "1" or env.get(SLURM_LAUNCHED_ENV) == "1"
 
 
 def _descends_from(proc: psutil.Process, ancestors: set[int]) -> bool:

@@ -9,6 +9,7 @@ racing the new owner.
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -31,12 +32,13 @@ from jobcore.storage import artifact_store, is_remote
 from twinkle_core.checkpoint import COMPLETE_MARKER, latest_complete_checkpoint, step_of
 from twinkle_core.progress import PROGRESS_FILE, ProgressReader
 from worker import gang
-from worker.attempt import AttemptTarget, RunningAttempt, start_attempt
+from worker.attempt import AttemptTarget, RunningAttempt, SlurmSubmitter, start_attempt
 from worker.checkpoints import local_copy, remove_dirs, remove_stored_checkpoints
 from worker.ingest import Observed, OwnershipLost, fenced_job_update, forget_metrics_after, ingest_events
 from worker.launch import AttemptPaths, Rendezvous, resolve_torchrun, runner_env, torchrun_argv
 from worker.outcome import AttemptResult, Outcome, StopCause, classify, read_tail
 from worker.recovery import finish, retry_or_fail
+from worker.slurm_launcher import submit_slurm_attempt
 from worker.spec_resolution import resolve_spec, write_spec
 
 log = logging.getLogger(__name__)
@@ -131,8 +133,9 @@ class Supervisor:
             self.job_id, self.a.attempt, self.a.launcher, self.a.nproc_per_node, self.a.gpu_ids
         )
         env = runner_env(self.job_id, self.job_dir, self.a.gpu_ids)
+        slurm = self._slurm_submitter()
         run = self.run = start_attempt(
-            target, argv, env, self.job_dir, self.paths.log, self.settings.ray_address
+            target, argv, env, self.job_dir, self.paths.log, self.settings.ray_address, slurm
         )
         try:
             with session_scope(self.db) as session:
@@ -149,6 +152,11 @@ class Supervisor:
         self._pump()
         tail = read_tail(self.paths.log, LOG_TAIL_BYTES)
         self._finish(classify(exit_code, self.seen, stop, tail))
+
+    def _slurm_submitter(self) -> SlurmSubmitter | None:
+        if not self.settings.slurm:
+            return None
+        return functools.partial(submit_slurm_attempt, self.settings, self.job_id, self.paths)
 
     def _prepare(self) -> str | None:
         """Resolve and write the spec, catch up on the log, pick the resume point.
@@ -281,7 +289,7 @@ class Supervisor:
 
     def _monitor(self, run: RunningAttempt) -> StopCause | None:
         launched = time.monotonic()
-        last_progress = launched
+        last_progress = last_tick = launched
         last_control = 0.0
         pause_sent = False
         with session_scope(self.db) as session:
@@ -291,6 +299,11 @@ class Supervisor:
         budget = None if not timeout else max(0.0, timeout - spent)
         while run.poll() is None:
             now = time.monotonic()
+            if getattr(run, "queued", False):
+                # Waiting in a cluster engine's queue (Slurm): neither hung nor spending the budget.
+                launched += now - last_tick
+                last_progress = now
+            last_tick = now
             pids_changed = run.refresh()
             if self._pump(pids=run.pids() if pids_changed else None):
                 last_progress = now

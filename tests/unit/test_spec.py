@@ -25,7 +25,12 @@ def test_minimal_spec_resolves_every_section_with_defaults() -> None:
     assert resolved["model"]["strategy"] == "accelerate"
     assert resolved["model"]["model_cls"] == "AutoModelForCausalLM"
     assert resolved["training"]["gradient_accumulation_steps"] == 1
-    assert resolved["resources"] == {"nnodes": 1, "nproc_per_node": 1, "launcher": "torchrun"}
+    assert resolved["resources"] == {
+        "nnodes": 1,
+        "nproc_per_node": 1,
+        "launcher": "torchrun",
+        "partition": None,
+    }
     assert resolved["adapter"] is None
 
 
@@ -100,15 +105,23 @@ def test_round_trip_through_file(tmp_path) -> None:  # type: ignore[no-untyped-d
     assert json.loads((tmp_path / "spec.json").read_text())["model"]["model_id"] == "/models/tiny"
 
 
-def test_the_launcher_is_torchrun_or_ray_on_any_number_of_nodes() -> None:
+def test_the_launcher_is_torchrun_ray_or_slurm_on_any_number_of_nodes() -> None:
     ray = JobSpec.model_validate({**MINIMAL, "resources": {"launcher": "ray", "nproc_per_node": 2}})
     assert ray.resources.launcher == "ray"
     with pytest.raises(ValidationError) as bad:
-        JobSpec.model_validate({**MINIMAL, "resources": {"launcher": "slurm"}})
+        JobSpec.model_validate({**MINIMAL, "resources": {"launcher": "mpirun"}})
     assert error_locs(bad.value) == ["resources.launcher"]
     # One torchrun per node of a Ray placement group (worker.ray_gang).
     multi = JobSpec.model_validate({**MINIMAL, "resources": {"nnodes": 2, "launcher": "ray"}})
     assert multi.resources.world_size == 2
+    # Slurm: a partition, for Slurm jobs only (docs/scale.md).
+    slurm = JobSpec.model_validate(
+        {**MINIMAL, "resources": {"nnodes": 2, "launcher": "slurm", "partition": "gpu"}}
+    )
+    assert slurm.resources.partition == "gpu"
+    with pytest.raises(ValidationError) as bad:
+        JobSpec.model_validate({**MINIMAL, "resources": {"partition": "gpu"}})
+    assert error_locs(bad.value) == ["resources"]
 
 
 def test_precision_by_strategy_is_one_rule_for_spec_and_library() -> None:

@@ -1,0 +1,271 @@
+"""`resources.launcher: "slurm"` through a real one-machine Slurm cluster (scripts/start_slurm.sh:
+slurmctld and two slurmd emulating nodes twinkle1 and twinkle2, partitions `twinkle` and
+`urgent`, whose jobs preempt `twinkle` jobs by requeueing them).
+
+The service (API server + worker, subprocesses, SQLite) with TWINKLE_SLURM=1 hands jobs to
+Slurm; nothing is mocked:
+- a 2-node job runs as one Slurm job (srun starts a torchrun per node) and ends `succeeded`,
+  with the Slurm job's id and state on the job;
+- a cancel through the API `scancel`s it: the job ends `cancelled`, squeue lists nothing of it;
+- a preemption (an `urgent` job taking both nodes) makes Slurm requeue it; it resumes from its
+  checkpoint within the same attempt of ours and ends bitwise equal to the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(600)]
+
+MAX_STEPS = 4
+HOLD_STEP = 2
+
+# `twinkle_core.train` with a hold, so that a test acts on a job that provably has not finished:
+# a fresh (not resumed) run whose rank 0 takes the token file (an atomic rename) waits after step
+# HOLD_STEP, its step-2 checkpoint complete, until it is signalled. Waiting changes no arithmetic.
+HOLD_RUNNER = f"""
+import os
+import time
+
+from twinkle_core import train
+
+plain_after_step = train.JobRunner.after_step
+
+
+def after_step(self, result):
+    outcome = plain_after_step(self, result)
+    fresh = self.resume_from is None and os.environ.get("RANK", "0") == "0"
+    if outcome is None and fresh and self.model.cur_step == {HOLD_STEP}:
+        try:
+            os.rename(os.environ["TWINKLE_TEST_HOLD_TOKEN"], self.job_dir / "held")
+        except FileNotFoundError:
+            return outcome  # no token: run through
+        while not (self.stop.terminate or self.stop.pause):
+            time.sleep(0.1)
+    return outcome
+
+
+train.JobRunner.after_step = after_step
+train.run()
+"""
+
+
+def slurm(*args: str) -> str:
+    return subprocess.run(list(args), capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+def cluster_is_up() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        states = slurm("sinfo", "-h", "-N", "-p", "twinkle", "-o", "%t").split()
+    except (subprocess.SubprocessError, OSError):
+        return False
+    return len(states) == 2 and all(s in ("idle", "mix", "alloc") for s in states)
+
+
+class SlurmService:
+    """A LiveService whose worker hands launcher='slurm' jobs to the local cluster."""
+
+    def __init__(self, svc: Any, token: Path) -> None:
+        self.svc, self.token = svc, token
+
+    def submit(self, spec: dict[str, Any], **fields: Any) -> str:
+        with self.svc.client() as client:
+            response = client.post("/v1/jobs", json={"name": "slurm-job", "spec": spec, **fields})
+        assert response.status_code == 201, response.text
+        return str(response.json()["id"])
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        with self.svc.client() as client:
+            return dict(client.get(f"/v1/jobs/{job_id}").json())
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        with self.svc.client() as client:
+            page = client.get(f"/v1/jobs/{job_id}/events", params={"limit": 100}).json()
+        return list(page["data"])
+
+    def job_dir(self, job_id: str) -> Path:
+        return Path(self.svc.data_dir) / "jobs" / job_id
+
+    def wait_held(self, job_id: str, timeout: float = 180) -> str:
+        """Wait until the run holds after its step-2 checkpoint; the Slurm job id."""
+        deadline = time.monotonic() + timeout
+        while not (self.job_dir(job_id) / "held").exists():
+            job = self.job(job_id)
+            assert job["status"] in ("queued", "starting", "running"), (job, self.svc.worker_log())
+            assert time.monotonic() < deadline, f"job {job_id} never held: {job}\n{self.svc.worker_log()}"
+            time.sleep(0.3)
+        return str(self.job(job_id)["engine"]["job_id"])
+
+    def wait_engine_state(self, job_id: str, state: str, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while (job := self.job(job_id))["engine"] is None or job["engine"]["state"] != state:
+            assert time.monotonic() < deadline, (job, self.svc.worker_log())
+            time.sleep(0.3)
+        return job
+
+
+@pytest.fixture(scope="module")
+def slurm_service(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, text_dataset: Path
+) -> Iterator[SlurmService]:
+    if not cluster_is_up():
+        pytest.skip("no Slurm cluster with idle nodes twinkle1, twinkle2: run scripts/start_slurm.sh")
+    from live_service import LiveService
+
+    root = tmp_path_factory.mktemp("slurm-service")
+    runner = root / "hold_runner.py"
+    runner.write_text(HOLD_RUNNER)
+    token = root / "hold-token"
+    svc = LiveService.configure(
+        root,
+        [tiny_model_dir, text_dataset.parent],
+        TWINKLE_SLURM="1",
+        TWINKLE_SLURM_GPUS="false",  # the test cluster has CPUs only
+        TWINKLE_SLURM_PARTITION="twinkle",
+        TWINKLE_WORKER_RUNNER=str(runner),
+        TWINKLE_TEST_HOLD_TOKEN=str(token),
+        TWINKLE_HEARTBEAT_SECONDS="0.5",
+        TWINKLE_CANCEL_GRACE_SECONDS="30",
+    )
+    svc.start_server()
+    svc.start_worker()
+    try:
+        yield SlurmService(svc, token)
+    finally:
+        svc.stop()
+
+
+def slurm_spec(tiny_model_dir: Path, text_dataset: Path) -> dict[str, Any]:
+    return {
+        "model": {"model_id": str(tiny_model_dir), "mixed_precision": "no"},
+        "data": {"train_file": str(text_dataset), "max_length": 32},
+        "training": {
+            "max_steps": MAX_STEPS,
+            "batch_size": 4,
+            "save_every": 2,
+            "save_total_limit": None,
+            "seed": 7,
+        },
+        "optimizer": {"lr": 1e-3},
+        "resources": {"nnodes": 2, "nproc_per_node": 1, "launcher": "slurm"},
+    }
+
+
+def final_weights(job_dir: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    checkpoint = job_dir / "checkpoints" / f"step-{MAX_STEPS}"
+    assert (checkpoint / "COMPLETE").exists(), sorted(p.name for p in checkpoint.parent.iterdir())
+    weights: dict[str, Any] = {}
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        weights.update(load_file(str(path)))
+    assert weights
+    return weights
+
+
+def queued(job_id: str) -> list[str]:
+    """What squeue still lists of the job's Slurm jobs (pending, running, completing)."""
+    return slurm("squeue", "-h", f"--name=twinkle-{job_id}", "-o", "%i %T").splitlines()
+
+
+def loss_series(service: SlurmService, job_id: str) -> list[tuple[int, float]]:
+    with service.svc.client() as client:
+        body = client.get(f"/v1/jobs/{job_id}/metrics").json()
+    return [(int(p["step"]), float(p["value"])) for p in body["series"]["loss"]]
+
+
+@pytest.fixture(scope="module")
+def reference(slurm_service: SlurmService, tiny_model_dir: Path, text_dataset: Path) -> str:
+    """An uninterrupted 2-node Slurm job (the token is absent: it runs through)."""
+    slurm_service.token.unlink(missing_ok=True)
+    job_id = slurm_service.submit(slurm_spec(tiny_model_dir, text_dataset))
+    job = slurm_service.svc.wait_terminal(job_id, timeout=300)
+    assert job["status"] == "succeeded", (job, slurm_service.svc.worker_log())
+    return job_id
+
+
+def test_a_two_node_job_runs_through_slurm(slurm_service: SlurmService, reference: str) -> None:
+    job = slurm_service.job(reference)
+    assert job["attempt"] == 1
+    assert job["engine"]["name"] == "slurm" and job["engine"]["state"] == "COMPLETED", job
+    slurm_id = job["engine"]["job_id"]
+    shown = slurm("scontrol", "show", "job", "-o", slurm_id)
+    assert "JobState=COMPLETED" in shown and "NumNodes=2" in shown and "NodeList=twinkle[1-2]" in shown
+    events = slurm_service.events(reference)
+    steps = [e["data"]["step"] for e in events if e["type"] == "metrics" and "step" in (e["data"] or {})]
+    assert steps == list(range(1, MAX_STEPS + 1)), events
+    messages = [e["message"] for e in events]
+    assert f"submitted Slurm job {slurm_id}, log attempt-1.log" in messages
+    assert any("world size 2" in m for m in messages), messages  # one rank on each node
+    # Each node's torchrun kept its rank logs; Slurm's output is the attempt's log.
+    ranks = slurm_service.job_dir(reference) / "logs" / "attempt-1-ranks"
+    assert {p.name for p in ranks.iterdir()} == {"node-0-restart-0", "node-1-restart-0"}
+    assert queued(reference) == []
+
+
+def test_cancel_scancels_the_slurm_job(
+    slurm_service: SlurmService, tiny_model_dir: Path, text_dataset: Path
+) -> None:
+    slurm_service.token.write_text("hold")
+    spec = slurm_spec(tiny_model_dir, text_dataset)
+    spec["resources"]["nnodes"] = 1  # one node this time (and half the CPU of the test)
+    job_id = slurm_service.submit(spec)
+    slurm_service.wait_held(job_id)  # running, mid-way: it cannot finish before the cancel
+    with slurm_service.svc.client() as client:
+        assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
+    job = slurm_service.svc.wait_terminal(job_id, timeout=120)
+    assert job["status"] == "cancelled", (job, slurm_service.svc.worker_log())
+    assert job["engine"]["state"] == "CANCELLED", job
+    assert queued(job_id) == []
+
+
+def test_a_preempted_job_is_requeued_by_slurm_and_resumes_from_its_checkpoint(
+    slurm_service: SlurmService, reference: str, tiny_model_dir: Path, text_dataset: Path
+) -> None:
+    slurm_service.token.write_text("hold")
+    job_id = slurm_service.submit(slurm_spec(tiny_model_dir, text_dataset))
+    slurm_id = slurm_service.wait_held(job_id)  # its step-2 checkpoint is complete
+    # A job of the higher-priority partition wants both whole nodes: Slurm preempts ours.
+    slurm("sbatch", "-p", "urgent", "-N2", "-c2", "-J", "urgent", "-o", "/dev/null", "--wrap", "sleep 1")
+    job = slurm_service.wait_engine_state(job_id, "REQUEUED")
+    assert job["status"] == "running" and job["attempt"] == 1, job  # the job stays with Slurm
+    # Slurm holds a requeued job for 120 s before it may start again; a test cannot wait that long.
+    slurm("scontrol", "update", f"JobId={slurm_id}", "StartTime=now")
+    job = slurm_service.svc.wait_terminal(job_id, timeout=300)
+    assert job["status"] == "succeeded", (job, slurm_service.svc.worker_log())
+    assert job["attempt"] == 1, job  # Slurm requeued it: no retry of ours
+    assert job["engine"] == {"name": "slurm", "job_id": slurm_id, "state": "COMPLETED"}, job
+    assert "Restarts=1" in slurm("scontrol", "show", "job", "-o", slurm_id)
+
+    messages = [e["message"] for e in slurm_service.events(job_id)]
+    assert any(m.endswith(f"slurm job {slurm_id}: REQUEUED") for m in messages), messages
+    # The requeued run resumed from the newest complete checkpoint: step 2, or step 3 when the
+    # runner saved one on Slurm's SIGTERM before the kill.
+    resumed = [m for m in messages if "resumed from" in m]
+    assert len(resumed) == 1, messages
+    match = re.search(r"from step (\d+), resumed from .*/checkpoints/step-(\d+)$", resumed[0])
+    assert match and match[1] == match[2] and int(match[1]) >= HOLD_STEP, resumed
+    log = (slurm_service.job_dir(job_id) / "logs" / "attempt-1.log").read_text()
+    assert "DUE TO PREEMPTION" in log and "restart 1 of job" in log
+
+    # The steps the preempted run made past its checkpoint were recomputed, not recorded twice:
+    # the loss curve is the uninterrupted run's, point for point.
+    assert loss_series(slurm_service, job_id) == loss_series(slurm_service, reference)
+
+    import torch
+
+    expected = final_weights(slurm_service.job_dir(reference))
+    got = final_weights(slurm_service.job_dir(job_id))
+    assert expected.keys() == got.keys()
+    assert [name for name in expected if not torch.equal(expected[name], got[name])] == []
+    assert queued(job_id) == []

@@ -1,0 +1,190 @@
+"""`resources.launcher: "slurm"` without a cluster: what the worker asks Slurm for (sbatch's
+options from the spec, the job row and the settings), the batch script it writes, how it reads
+Slurm's job states, and who claims a Slurm job. On the live cluster:
+tests/integration/test_slurm_launcher.py.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_api_support import *  # noqa: F403
+from test_api_support import Api, spec_body
+
+from jobcore.db.migrate import upgrade
+from jobcore.db.models import Job, Project
+from jobcore.db.session import session_scope
+from jobcore.settings import Settings
+from worker.agent import WorkerAgent
+from worker.attempt import AttemptTarget, start_attempt
+from worker.claim import claim_next_job
+from worker.launch import AttemptPaths, torchrun_argv
+from worker.slurm_batch import batch_script, sbatch_argv, split_torchrun_argv
+from worker.slurm_launcher import slurm_request
+from worker.slurm_state import parse_scontrol
+
+SLURM_SPEC: dict[str, Any] = {
+    "model": {"config": {}},
+    "data": {"train_file": "/dev/null"},
+    "resources": {"launcher": "slurm", "nnodes": 2, "nproc_per_node": 4, "partition": "gpu-a"},
+}
+
+
+@pytest.fixture()
+def settings(tmp_path: Path) -> Settings:
+    s = Settings(data_dir=tmp_path / "data", database_url=f"sqlite:///{tmp_path / 'db.sqlite'}")
+    s.ensure_dirs()
+    upgrade(s.resolved_database_url)
+    return s
+
+
+def add_job(settings: Settings, spec: dict[str, Any], project: str = "vision", **columns: Any) -> str:
+    with session_scope(settings.resolved_database_url) as session:
+        row = Project(name=project)
+        session.add(row)
+        session.flush()
+        job = Job(project_id=row.id, spec=spec, **columns)
+        session.add(job)
+        session.flush()
+        return job.id
+
+
+def test_the_api_takes_a_slurm_job_and_refuses_a_partition_elsewhere(api: Api) -> None:
+    body = spec_body()
+    body["spec"]["resources"] = {"launcher": "slurm", "nnodes": 2, "partition": "gpu-a"}
+    created = api.client.post("/v1/jobs", json=body, headers=api.admin)
+    assert created.status_code == 201, created.text
+    assert created.json()["spec"]["resources"]["partition"] == "gpu-a"
+    for bad in ({"partition": "gpu-a"}, {"launcher": "slurm", "partition": "gpu a; rm -rf /"}):
+        body["spec"]["resources"] = bad
+        refused = api.client.post("/v1/jobs", json=body, headers=api.admin)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["param"].startswith("spec.resources"), refused.json()
+
+
+def test_the_allocation_comes_from_the_spec_the_job_and_the_project(
+    settings: Settings, tmp_path: Path
+) -> None:
+    job_id = add_job(settings, SLURM_SPEC, timeout_seconds=3600, run_seconds=600.0)
+    configured = settings.model_copy(
+        update={"slurm_account": "everyone", "slurm_project_accounts": {"vision": "vision-lab"}}
+    )
+    paths = AttemptPaths(tmp_path / "job", 3)
+    with session_scope(settings.resolved_database_url) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        request = slurm_request(configured, job, "vision", paths)
+        other = slurm_request(configured.model_copy(update={"slurm_gpus": False}), job, "nlp", paths)
+    argv = sbatch_argv("sbatch", request, tmp_path / "a.sbatch")
+    assert argv[0] == "sbatch" and argv[-1] == str(tmp_path / "a.sbatch")
+    for option in (
+        "--parsable",
+        f"--job-name=twinkle-{job_id}",
+        "--nodes=2",
+        "--ntasks-per-node=1",  # one torchrun per node
+        "--gpus-per-node=4",
+        "--cpus-per-task=4",
+        "--partition=gpu-a",
+        "--account=vision-lab",
+        "--time=50",  # what is left of timeout_seconds, in minutes
+        "--requeue",
+        f"--output={paths.log}",
+        f"--chdir={paths.job_dir}",
+    ):
+        assert option in argv, (option, argv)
+    other_argv = sbatch_argv("sbatch", other, tmp_path / "a.sbatch")
+    assert "--account=everyone" in other_argv  # a project without its own account
+    assert not any(a.startswith("--gpus") for a in other_argv)  # TWINKLE_SLURM_GPUS=false
+
+
+FAKE_SRUN = """#!/bin/bash
+# srun on node 1 of 2: drop srun's options, run the task
+while [[ "$1" == --* ]]; do shift; done
+SLURM_NODEID=1 SLURM_JOB_NUM_NODES=2 exec "$@"
+"""
+FAKE_TORCHRUN = """#!/bin/bash
+printf '%s\\n' "$@"
+"""
+
+
+def run_batch_script(tmp_path: Path, script: str, restarts: int) -> list[str]:
+    """The batch script under a stand-in srun (node 1 of 2) and torchrun (prints its arguments)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("srun", FAKE_SRUN), ("torchrun", FAKE_TORCHRUN)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_RESTART_COUNT": str(restarts), "SLURM_JOB_ID": "7"}
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=True)
+    return done.stdout.splitlines()
+
+
+def test_the_batch_script_runs_one_torchrun_per_node_and_resumes_after_a_requeue(tmp_path: Path) -> None:
+    paths = AttemptPaths(tmp_path / "job dir", 2)  # a space: every path is quoted
+    torchrun_path = str(tmp_path / "bin" / "torchrun")
+    argv = torchrun_argv(
+        torchrun_path, 4, paths, str(paths.job_dir / "checkpoints" / "step-2"), "twinkle_core.train"
+    )
+    torchrun, runner, resume = split_torchrun_argv(argv)
+    assert torchrun[:3] == [torchrun_path, "--nproc_per_node", "4"]
+    assert "--rdzv-endpoint" not in torchrun and "--log-dir" not in torchrun  # set per node
+    assert runner == ["-m", "twinkle_core.train", str(paths.spec)]
+    script = batch_script(argv, paths.rank_logs, sys.executable, paths.job_dir)
+
+    args = run_batch_script(tmp_path, script, restarts=0)
+    assert args[:2] == ["--nproc_per_node", "4"]
+    options = dict(zip(args[2:-5:2], args[3:-5:2], strict=True))
+    assert options["--nnodes"] == "2" and options["--node-rank"] == "1"  # from Slurm, per node
+    assert options["--master-addr"] == socket.gethostname() and int(options["--master-port"]) > 0
+    assert options["--log-dir"] == f"{paths.rank_logs}/node-1-restart-0"
+    assert args[-5:] == ["-m", "twinkle_core.train", str(paths.spec), "--resume-from", resume]
+
+    # Requeued by Slurm: the newest complete checkpoint, not the one the attempt started from.
+    newest = paths.job_dir / "checkpoints" / "step-4"
+    newest.mkdir(parents=True)
+    (newest / "COMPLETE").write_text("")
+    (paths.job_dir / "checkpoints" / "step-6").mkdir()  # incomplete: never resumed from
+    args = run_batch_script(tmp_path, script, restarts=1)
+    assert args[-2:] == ["--resume-from", str(newest)]
+    assert f"{paths.rank_logs}/node-1-restart-1" in args
+
+
+def test_slurm_states_map_to_the_supervisor_exit_codes() -> None:
+    def state(job_state: str, exit_code: str = "0:0", restarts: int = 0) -> Any:
+        line = (
+            f"JobId=42 JobName=twinkle-x UserId=root(0) JobState={job_state} Reason=None "
+            f"Requeue=1 Restarts={restarts} BatchFlag=1 ExitCode={exit_code} NodeList=n[1-2]"
+        )
+        parsed = parse_scontrol(line)
+        assert parsed is not None and parsed.job_id == "42" and parsed.nodes == "n[1-2]"
+        return parsed
+
+    assert state("COMPLETED").attempt_exit_code() == 0
+    assert state("FAILED", "2:0").attempt_exit_code() == 2  # the runner's user error
+    assert state("FAILED", "0:9").attempt_exit_code() == -9
+    for ended in ("CANCELLED", "NODE_FAIL", "PREEMPTED", "TIMEOUT"):
+        assert state(ended).terminal and state(ended).attempt_exit_code() < 0  # infra: retried
+    assert not state("RUNNING").terminal and state("RUNNING").shown_state == "RUNNING"
+    requeued = state("PENDING", restarts=1)
+    assert not requeued.terminal and requeued.shown_state == "REQUEUED"
+    assert parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
+
+
+def test_a_slurm_job_goes_to_a_slurm_worker_and_takes_no_lease(settings: Settings, tmp_path: Path) -> None:
+    job_id = add_job(settings, SLURM_SPEC)
+    assert "slurm" not in WorkerAgent(settings).launchers
+    slurm_worker = WorkerAgent(settings.model_copy(update={"slurm": True}))
+    assert "slurm" in slurm_worker.launchers
+    with session_scope(settings.resolved_database_url) as session:
+        assert claim_next_job(session, "w0", lambda n: True, ("torchrun",)) is None
+        # Its own GPUs all leased (nothing fits): the worker still hands the job to Slurm.
+        job = claim_next_job(session, "w1", lambda n: False, slurm_worker.launchers)
+        assert job is not None and job.id == job_id
+    target = AttemptTarget(job_id, 1, "slurm", 4, [])
+    with pytest.raises(RuntimeError, match="without TWINKLE_SLURM"):
+        start_attempt(target, ["true"], {}, tmp_path, tmp_path / "a.log", ray_address=None)
