@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
+from pydantic_core import from_json
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -69,6 +70,8 @@ def make_read_engine(url: str) -> AsyncEngine | None:
     return create_async_engine(
         parsed.set(drivername="postgresql+psycopg"),
         isolation_level="AUTOCOMMIT",
+        # JSON columns decoded in Rust: the stdlib's json.loads was 15% of a list page's CPU.
+        json_deserializer=from_json,
         pool_recycle=POOL_RECYCLE_SECONDS,
         pool_size=10,
         max_overflow=20,

@@ -67,9 +67,9 @@ def _error(value: Mapping[str, Any] | None) -> dict[str, str] | None:
 
 
 def present_row(
-    row: Row, queue_position: int | None, pace: list[tuple[int, datetime]] | None
+    row: Row, queue_position: int | None, pace: list[tuple[int, datetime]] | None, with_spec: bool = True
 ) -> dict[str, Any]:
-    """One job as `JobOut` serializes it; `spec` is null when the row was read without it."""
+    """One job as `JobOut` serializes it; `spec` null unless the row was read with it."""
     status = row["status"]
     step, total = row["step"], row["total_steps"]
     engine = row["engine"]
@@ -80,7 +80,7 @@ def present_row(
         "status": status,
         "actions": _ACTIONS[status],
         "terminal": status in _TERMINAL,
-        "spec": row.get("spec"),
+        "spec": row["spec"] if with_spec else None,
         "priority": row["priority"],
         "max_retries": row["max_retries"],
         "timeout_seconds": row["timeout_seconds"],
@@ -118,7 +118,8 @@ def present_rows(db: repository.Db, rows: Sequence[Row]) -> list[dict[str, Any]]
     places of the queued ones and the recent pace of the running ones."""
     positions = repository.queue_positions(db, rows)
     paces = repository.recent_metric_points(db, [r["id"] for r in rows if _has_eta(r)], "loss", ETA_WINDOW)
-    return [present_row(row, positions.get(row["id"]), paces.get(row["id"])) for row in rows]
+    with_spec = bool(rows) and "spec" in rows[0]  # once: a missing key is a slow path on a Row
+    return [present_row(row, positions.get(row["id"]), paces.get(row["id"]), with_spec) for row in rows]
 
 
 # ------------------------------------------------------------------- from ORM entities
