@@ -10,15 +10,16 @@ does, streamed or whole.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from serving import answers
-from serving.engine import Engine
+from serving.engine import Engine, Generation
 from serving.errors import Unauthorized, install_error_handlers
 from serving.protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -32,6 +33,22 @@ from serving.protocol import (
 from serving.targets import check_target
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class GenerationStream(StreamingResponse):
+    """Server-Sent Events of one generation, which is cancelled however the answer ends: also
+    when the client left before the first chunk, and the body iterator (whose own `finally`
+    cancels it too) never started."""
+
+    def __init__(self, stream: AsyncIterator[bytes], generation: Generation) -> None:
+        super().__init__(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.generation = generation
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.generation.cancel()
 
 
 def create_app(engine: Engine, *, secret: str, jobs_root: Path, allowed_roots: Sequence[Path]) -> FastAPI:
@@ -63,8 +80,7 @@ def create_app(engine: Engine, *, secret: str, jobs_root: Path, allowed_roots: S
         answer = Answer("chatcmpl", target.model, len(prompt), [Choice() for _ in range(params.n)])
         generation = await engine.start(loaded, [prompt], params)
         if body.stream:
-            stream = answers.stream_chat(generation, answer, body.include_usage)
-            return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+            return GenerationStream(answers.stream_chat(generation, answer, body.include_usage), generation)
         return JSONResponse(
             (await answers.collect(generation, answer, request.is_disconnected)).chat_completion()
         )
@@ -84,8 +100,9 @@ def create_app(engine: Engine, *, secret: str, jobs_root: Path, allowed_roots: S
         answer = Answer("cmpl", target.model, sum(len(p) for p in prompts), choices)
         generation = await engine.start(loaded, prompts, params)
         if body.stream:
-            stream = answers.stream_completion(generation, answer, body.include_usage)
-            return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+            return GenerationStream(
+                answers.stream_completion(generation, answer, body.include_usage), generation
+            )
         return JSONResponse(
             (await answers.collect(generation, answer, request.is_disconnected)).text_completion()
         )
