@@ -100,7 +100,7 @@ class RayJobAttempt:
         stop_earlier_attempts(client, job_id, attempt)
         submission = submission_id(job_id, attempt)
         runner_env = {**ray_env(env), RAY_LAUNCHED_ENV: "1"}
-        nodes = nnodes_of(cwd)
+        nodes, nproc = shape_of(cwd, default_nproc=int(num_cpus))
         gang: GangPlan | None = None
         if nodes > 1:
             gang = GangPlan(
@@ -108,7 +108,7 @@ class RayJobAttempt:
                 attempt=attempt,
                 job_dir=str(cwd),
                 nnodes=nodes,
-                nproc_per_node=int(num_cpus),
+                nproc_per_node=nproc,
                 argv=argv,
                 env=runner_env,
                 join_timeout_seconds=DEFAULT_JOIN_TIMEOUT_SECONDS,
@@ -247,11 +247,14 @@ class RayJobAttempt:
             self._log_chars = len(text)
 
 
-def nnodes_of(job_dir: Path) -> int:
-    """The attempt's node count, from the resolved spec the supervisor wrote into the job dir
-    (a command without one, as in tests of the launcher alone, runs on one node)."""
+def shape_of(job_dir: Path, default_nproc: int) -> tuple[int, int]:
+    """The attempt's (nnodes, nproc_per_node), from the resolved spec the supervisor wrote into
+    the job dir (a command without one, as in tests of the launcher alone, runs on one node)."""
     spec = job_dir / "spec.json"
-    return JobSpec.load(spec).resources.nnodes if spec.exists() else 1
+    if not spec.exists():
+        return 1, default_nproc
+    resources = JobSpec.load(spec).resources
+    return resources.nnodes, resources.nproc_per_node
 
 
 def cluster_has_gpus(address: str) -> bool:
