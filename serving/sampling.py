@@ -71,21 +71,27 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
 
 @dataclass
 class ChoiceText:
-    """One choice's tokens and the part of their text already sent."""
+    """One choice's tokens and their text, decoded incrementally: each new token is decoded with
+    the tokens of the previous step as context (the leading-space rules of SentencePiece-like
+    decoders need them) and only the new characters are appended, so a long answer costs linear
+    time, not a full decode per token."""
 
     tokenizer: Any
     stop: tuple[str, ...]
     ids: list[int] = field(default_factory=list)
-    sent: int = 0  # characters of the decoded text already sent
+    text: str = ""  # the decoded text so far (whole characters)
+    sent: int = 0  # characters of `text` already sent
+    _context: int = 0  # ids[_context:_decoded] is the context of the next decode
+    _decoded: int = 0  # ids before this are in `text`
 
     def add(self, token_id: int) -> tuple[str, bool]:
         """Take one token; return the text that can be sent now and whether a stop sequence ended
         the choice (the stop sequence itself is never sent, as with OpenAI)."""
         self.ids.append(token_id)
-        text = self._text()
-        if text.endswith("\ufffd"):
+        if not self._decode(final=False):
             # The token ends inside a multi-byte character: wait for the rest of it.
             return "", False
+        text = self.text
         for stop in self.stop:
             # Text that could begin a stop was held back, so a stop starts at `sent` or later.
             found = text.find(stop, self.sent)
@@ -94,13 +100,25 @@ class ChoiceText:
         return self._send(text, len(text) - self._held_back(text)), False
 
     def flush(self) -> str:
-        """The text held back (a partial stop sequence that never completed), at the choice's end."""
-        return self._send(self._text(), None)
+        """The text held back (a partial stop sequence or character that never completed), at
+        the choice's end."""
+        self._decode(final=True)
+        return self._send(self.text, None)
 
-    def _text(self) -> str:
-        return str(
-            self.tokenizer.decode(self.ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        )
+    def _decode(self, *, final: bool) -> bool:
+        """Append the text of the tokens not decoded yet; False while they end mid-character."""
+        context = self._string(self.ids[self._context : self._decoded])
+        extended = self._string(self.ids[self._context :])
+        if not final and (extended.endswith("\ufffd") or len(extended) < len(context)):
+            return False
+        self.text += extended[len(context) :]
+        self._context, self._decoded = self._decoded, len(self.ids)
+        return True
+
+    def _string(self, ids: list[int]) -> str:
+        if not ids:
+            return ""
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
 
     def _held_back(self, text: str) -> int:
         """Length of the longest end of `text` (after what was sent) that begins a stop sequence."""

@@ -3,6 +3,9 @@ multi-byte characters waited for) and draws tokens (the request's seed, top_p)."
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
 import torch
 
 from serving.sampling import ChoiceText, SeededSampler, make_generator
@@ -74,3 +77,17 @@ def test_the_same_seed_draws_the_same_tokens_and_top_p_narrows_the_draw() -> Non
     assert len(set(_draws(5))) > 5
     # The last token holds ~6% of the mass here: top_p=0.05 leaves it alone.
     assert set(_draws(5, top_p=0.05)) == {49}
+
+
+def test_incremental_text_is_the_full_decode_with_a_real_byte_level_tokenizer(tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    rng = random.Random(0)
+    # Random tokens split multi-byte characters anywhere (and make invalid ones): the text sent
+    # bit by bit must still be the whole decode, character for character.
+    for _ in range(50):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 40))]
+        text = ChoiceText(tokenizer, ())
+        sent = "".join(text.add(i)[0] for i in ids) + text.flush()
+        assert sent == tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
