@@ -213,6 +213,9 @@ class Conversation:
                     click.echo(delta, nl=False)
         except KeyboardInterrupt:
             click.echo(" [stopped]", nl=False, err=True)  # closing the stream stops the generation
+        except StreamError as exc:
+            click.echo(f"\nerror: the answer broke off: {exc}", err=True)
+            return  # not kept: the user may ask again
         click.echo()
         # What was shown is what the model said, even when cut short.
         self.history = [*messages, {"role": "assistant", "content": answer}]

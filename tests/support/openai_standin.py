@@ -155,6 +155,10 @@ def make_app(state: State) -> FastAPI:
             state.active += 1
             try:
                 for word in words:
+                    if word == "BREAK ":  # the host failing mid-answer: an error chunk, then the end
+                        error = {"type": "api_error", "code": "generation_failed", "message": "it broke"}
+                        yield f"data: {json.dumps({'error': error})}\n\n"
+                        return
                     for i in range(n):
                         yield chunk(i, word, None)
                     await asyncio.sleep(state.token_delay)

@@ -115,3 +115,16 @@ def test_interactive_keeps_the_conversation(run: Invoke, standin: Standin) -> No
         {"role": "assistant", "content": "again "},
         {"role": "user", "content": "more"},
     ]
+
+
+def test_interactive_survives_a_failed_turn(run: Invoke, standin: Standin) -> None:
+    # A model still loading (503, retried, then given up) and an answer that breaks off: each is
+    # reported, neither ends the conversation nor enters its history.
+    lines = "hello BREAK\nstill here\n/exit\n"
+    result = run(JOB, "--max-tokens", "8", input=lines, tty=True)
+    assert result.exit_code == 0, result.output
+    assert "the answer broke off" in result.output and "still here \n" in result.stdout
+    assert standin.state.requests[-1]["messages"] == [{"role": "user", "content": "still here"}]
+
+    result = run(JOB, "--checkpoint", "2", input="hi\n/exit\n", tty=True)
+    assert result.exit_code == 0 and "the model is loading" in result.output

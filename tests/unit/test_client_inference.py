@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from openai_standin import BUSY, FINE_TUNED, JOB, RUNNING_JOB, TOKEN, Standin, serve_standin
 
-from twinkle_client import APIError, TwinkleClient, checkpoint_model
+from twinkle_client import APIError, StreamError, TwinkleClient, checkpoint_model
 from twinkle_client.inference import message_text
 
 USER = [{"role": "user", "content": "the cat sat on the mat"}]
@@ -24,7 +24,8 @@ def standin() -> Iterator[Standin]:
 
 
 @pytest.fixture()
-def client(standin: Standin) -> Iterator[TwinkleClient]:
+def client(standin: Standin, monkeypatch: pytest.MonkeyPatch) -> Iterator[TwinkleClient]:
+    monkeypatch.setattr("twinkle_client.client.time.sleep", lambda _s: None)  # no back-off waits
     with TwinkleClient(standin.url, TOKEN, backoff=0.001, max_retries=1) as c:
         yield c
 
@@ -99,3 +100,11 @@ def test_models_lists_what_the_project_may_call(client: TwinkleClient) -> None:
 def test_job_model_is_the_fine_tuned_model_once_succeeded(client: TwinkleClient) -> None:
     assert client.inference.job_model(JOB) == FINE_TUNED
     assert client.inference.job_model(RUNNING_JOB) is None
+
+
+def test_an_error_inside_a_stream_raises_stream_error(client: TwinkleClient) -> None:
+    stream = client.inference.completions(FINE_TUNED, "fine then BREAK", max_tokens=8, stream=True)
+    with pytest.raises(StreamError) as exc:
+        for _ in stream:
+            pass
+    assert exc.value.code == "generation_failed" and stream.text == "fine then "
