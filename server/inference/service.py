@@ -21,7 +21,7 @@ from server.auth.principal import Principal
 from server.errors import NotFound
 from server.inference import names, repository
 from server.inference.schemas import ModelList, ModelObject
-from twinkle_core.spec import LoraSection, ModelSection
+from twinkle_core.spec import ModelSection
 
 BASE_MODEL_OWNER = "twinkle"
 
@@ -52,10 +52,10 @@ def fine_tuned_model(job: Job) -> str:
 
 
 def _base_model_of(job: Job) -> str | None:
+    """A LoRA job's checkpoint holds the adapter alone: the host merges it into this base."""
     spec = job.spec or {}
     if spec.get("adapter") is None:
         return None
-    LoraSection.model_validate(spec["adapter"])  # a stored LoRA section, read through its model
     return ModelSection.model_validate(spec.get("model") or {}).model_id
 
 
