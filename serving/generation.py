@@ -88,6 +88,7 @@ class ChoiceTracker:
         self.generation = generation
         self.texts = [ChoiceText(tokenizer, params.stop) for _ in range(params.n)]
         self.done = [False] * params.n
+        self._flags: torch.Tensor | None = None  # `done` on the model's device, rebuilt on change
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         if self.generation.cancelled.is_set():
@@ -95,7 +96,10 @@ class ChoiceTracker:
         for row, token in enumerate(input_ids[:, -1].tolist()):
             if not self.done[row]:
                 self._take(row, int(token))
-        return torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
+        if self._flags is None:
+            # Rebuilt only when a choice ends: no host-to-device copy per token on a GPU.
+            self._flags = torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
+        return self._flags
 
     def _take(self, row: int, token: int) -> None:
         text = self.texts[row]
@@ -113,6 +117,7 @@ class ChoiceTracker:
 
     def _finish(self, row: int, chunk: str, reason: str) -> None:
         self.done[row] = True
+        self._flags = None
         tokens = len(self.texts[row].ids)
         self.generation.emit(
             Delta(self.first_index + row, chunk, finish_reason=reason, completion_tokens=tokens)
@@ -218,7 +223,9 @@ class TransformersBackend:
             max_new_tokens=params.max_tokens,
             do_sample=False,  # the sampler above draws; greedy then takes its token
             num_beams=1,
-            eos_token_id=None,  # the tracker ends choices at EOS (and ignores it for ignore_eos)
+            # The tracker's EOS tokens (none for ignore_eos). Not None: generate would take the
+            # model's own then, and stop a choice at EOS that ignore_eos asked to go on.
+            eos_token_id=sorted(tracker.eos_ids),
             pad_token_id=pad if pad is not None else 0,
         )
         model.generate(

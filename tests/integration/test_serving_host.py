@@ -111,7 +111,8 @@ def _plain_greedy(checkpoint: Path, prompt: str, max_new_tokens: int, base: Path
 
         model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base)), str(checkpoint))
     ids = tokenizer(prompt, return_tensors="pt").input_ids
-    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None)
+    # eos_token_id=[]: no EOS at all (None would mean the model's own).
+    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=[], pad_token_id=0)
     return str(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
 
 
@@ -142,6 +143,15 @@ def test_same_seed_same_text_other_seed_other_text(host: Host) -> None:
     assert sample(11) == first
     assert len(set(first)) == 3  # n choices are independent draws
     assert sample(12) != first
+
+
+def test_ignore_eos_generates_max_tokens_where_eos_would_end_choices(host: Host) -> None:
+    args: dict[str, Any] = {"model": "ft:full", "prompt": "the cat", "max_tokens": 300, "n": 4, "seed": 1}
+    stopping = host.client.completions.create(**args, extra_body=host.key("full"))
+    assert "stop" in [c.finish_reason for c in stopping.choices]  # this seed draws an EOS
+    going_on = host.client.completions.create(**args, extra_body={**host.key("full"), "ignore_eos": True})
+    assert [c.finish_reason for c in going_on.choices] == ["length"] * 4
+    assert going_on.usage is not None and going_on.usage.completion_tokens == 1200
 
 
 def test_a_cancelled_stream_frees_its_slot(host: Host) -> None:
