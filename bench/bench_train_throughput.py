@@ -9,7 +9,11 @@ After a warm-up, `--repeats` blocks of `--steps` steps of each loop are timed (a
 after each block, none between its steps, as in real training); which loop goes first alternates
 from one repeat to the next (ABBA), so machine noise and drift hit both alike. Rank 0 prints
 tokens/s of each, the ratio twinkle / plain of each repeat, their median (the figure; target
->= 0.97) and the ratio of the median block times.
+>= 0.97) and the ratio of the median block times. It also prints the same ratio in CPU time (the
+process time of both ranks, their threads included, summed): on a machine shared with other work
+the wall-clock time of a block includes the time the ranks waited for a core, the CPU time only
+what the loop itself computed, so it shows the loop's cost with far less noise (but not the time
+a rank spends blocked in a collective, which the wall-clock figure includes).
 """
 
 from __future__ import annotations
@@ -108,18 +112,28 @@ def twinkle_loop(args: argparse.Namespace) -> Callable[[dict[str, torch.Tensor]]
     return step
 
 
+_COLLECTIVE_TENSORS: list[torch.Tensor] = []
+
+
 def timed_block(
     step: Callable[[dict[str, torch.Tensor]], None], data: list[dict[str, torch.Tensor]]
-) -> float:
-    """Seconds for the slowest rank to run every batch of `data` through `step`."""
+) -> tuple[float, float]:
+    """Seconds for the slowest rank to run every batch of `data` through `step`, and the CPU
+    seconds both ranks spent on it."""
     dist.barrier()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for batch in data:
         step(batch)
     dist.barrier()
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    cpu = torch.tensor([time.process_time() - cpu_start], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed)
+    dist.all_reduce(cpu)
+    # Keep the tensors alive past the process group: a gloo worker thread that drops its reference
+    # to one after Python dropped its own must take the GIL, which the main thread holds while it
+    # joins that worker at exit (seen: a rank hung at exit in ~ProcessGroupGloo).
+    _COLLECTIVE_TENSORS.extend((elapsed, cpu))
+    return float(elapsed), float(cpu)
 
 
 def main() -> None:
@@ -135,12 +149,16 @@ def main() -> None:
     for name in loops:  # warm-up: allocator, autograd graph, DDP buckets, optimizer state
         timed_block(loops[name], data[:3])
     seconds: dict[str, list[float]] = {"plain": [], "twinkle": []}
+    cpu_seconds: dict[str, list[float]] = {"plain": [], "twinkle": []}
     for index in range(args.repeats):
         pair = ["plain", "twinkle"] if index % 2 == 0 else ["twinkle", "plain"]
         for name in pair:
-            seconds[name].append(timed_block(loops[name], data))
+            wall, cpu = timed_block(loops[name], data)
+            seconds[name].append(wall)
+            cpu_seconds[name].append(cpu)
     tokens_per_block = args.local_batch * args.seq_len * dist.get_world_size() * args.steps
     ratios = [p / t for p, t in zip(seconds["plain"], seconds["twinkle"], strict=True)]
+    cpu_ratios = [p / t for p, t in zip(cpu_seconds["plain"], cpu_seconds["twinkle"], strict=True)]
     if dist.get_rank() == 0:
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config(args)).parameters())
         print(f"strategy={args.strategy} world={dist.get_world_size()} params={params / 1e6:.1f}M")
@@ -155,6 +173,12 @@ def main() -> None:
             f"ratio twinkle/plain = {statistics.median(ratios):.3f} (median of {len(ratios)} alternated "
             f"repeats; min {min(ratios):.3f}, max {max(ratios):.3f}; "
             f"ratio of median blocks {median_blocks:.3f})"
+        )
+        print(
+            f"CPU time: ratio twinkle/plain = {statistics.median(cpu_ratios):.3f} (median of "
+            f"{len(cpu_ratios)}; min {min(cpu_ratios):.3f}, max {max(cpu_ratios):.3f}; per repeat "
+            + ", ".join(f"{r:.3f}" for r in cpu_ratios)
+            + ")"
         )
     dist.destroy_process_group()
 
