@@ -33,7 +33,7 @@ from worker.process_tree import kill_all, processes_referencing
 from worker.ray_launcher import RAY_LAUNCHED_ENV, stop_lost_attempts
 from worker.recovery import retry_or_fail, succeed_if_finished
 from worker.registry import DEAD, ONLINE, process_is_alive
-from worker.slurm_attempt import SLURM_LAUNCHED_ENV
+from worker.slurm_attempt import SLURM_LAUNCHED_ENV, SlurmCommands, cancel_lost_job
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ def reconcile(settings: Settings, me: str | None = None) -> list[str]:
         job_dir = settings.jobs_dir / job_id
         if launcher == "ray" and settings.ray_address:
             stop_lost_attempts(settings.ray_address, job_id, attempt)
+        if launcher == "slurm" and settings.slurm:
+            cancel_lost_job(SlurmCommands(settings.slurm_bin_dir), job_id)
         try:
             with session_scope(db) as session:
                 job = session.get(Job, job_id, populate_existing=True)

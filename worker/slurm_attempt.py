@@ -228,3 +228,13 @@ def cancel_earlier(commands: SlurmCommands, job_name: str, timeout: float = 60.0
         if time.monotonic() > deadline:
             raise RuntimeError(f"Slurm job(s) {', '.join(earlier)} of an earlier attempt did not end")
         time.sleep(0.5)
+
+
+def cancel_lost_job(commands: SlurmCommands, job_id: str) -> None:
+    """`scancel` whatever Slurm still has of a job whose worker was lost (the reconciler requeues
+    the job): its allocation is freed now rather than when the next attempt starts. Does not wait;
+    the next attempt's `cancel_earlier` does."""
+    try:
+        commands.run("scancel", f"--name={slurm_job_name(job_id)}")
+    except RuntimeError as exc:
+        log.error("job %s: could not scancel its Slurm job of a lost worker: %s", job_id, exc)

@@ -6,7 +6,8 @@ The service (API server + worker, subprocesses, SQLite) with TWINKLE_SLURM=1 han
 Slurm; nothing is mocked:
 - a 2-node job runs as one Slurm job (srun starts a torchrun per node) and ends `succeeded`,
   with the Slurm job's id and state on the job;
-- a cancel through the API `scancel`s it: the job ends `cancelled`, squeue lists nothing of it;
+- a pause reaches the ranks through Slurm (they checkpoint and exit), a resume submits a new
+  Slurm job, and a cancel through the API `scancel`s it: `cancelled`, squeue lists nothing of it;
 - a preemption (an `urgent` job taking both nodes) makes Slurm requeue it; it resumes from its
   checkpoint within the same attempt of ours and ends bitwise equal to the uninterrupted run.
 """
@@ -29,8 +30,8 @@ MAX_STEPS = 4
 HOLD_STEP = 2
 
 # `twinkle_core.train` with a hold, so that a test acts on a job that provably has not finished:
-# a fresh (not resumed) run whose rank 0 takes the token file (an atomic rename) waits after step
-# HOLD_STEP, its step-2 checkpoint complete, until it is signalled. Waiting changes no arithmetic.
+# a run whose rank 0 takes the token file (an atomic rename) after a step >= HOLD_STEP (its step-2
+# checkpoint complete) waits there until it is signalled. Waiting changes no arithmetic.
 HOLD_RUNNER = f"""
 import os
 import time
@@ -42,8 +43,8 @@ plain_after_step = train.JobRunner.after_step
 
 def after_step(self, result):
     outcome = plain_after_step(self, result)
-    fresh = self.resume_from is None and os.environ.get("RANK", "0") == "0"
-    if outcome is None and fresh and self.model.cur_step == {HOLD_STEP}:
+    rank0 = os.environ.get("RANK", "0") == "0"
+    if outcome is None and rank0 and self.model.cur_step >= {HOLD_STEP}:
         try:
             os.rename(os.environ["TWINKLE_TEST_HOLD_TOKEN"], self.job_dir / "held")
         except FileNotFoundError:
@@ -213,19 +214,36 @@ def test_a_two_node_job_runs_through_slurm(slurm_service: SlurmService, referenc
     assert queued(reference) == []
 
 
-def test_cancel_scancels_the_slurm_job(
+def test_pause_signals_the_ranks_and_cancel_scancels_the_slurm_job(
     slurm_service: SlurmService, tiny_model_dir: Path, text_dataset: Path
 ) -> None:
     slurm_service.token.write_text("hold")
     spec = slurm_spec(tiny_model_dir, text_dataset)
     spec["resources"]["nnodes"] = 1  # one node this time (and half the CPU of the test)
     job_id = slurm_service.submit(spec)
-    slurm_service.wait_held(job_id)  # running, mid-way: it cannot finish before the cancel
+    first = slurm_service.wait_held(job_id)  # running, mid-way: it cannot finish on its own
     with slurm_service.svc.client() as client:
+        # Pause: SIGUSR1 through Slurm to the ranks, which checkpoint and exit.
+        assert client.post(f"/v1/jobs/{job_id}/pause").status_code == 200
+        deadline = time.monotonic() + 120
+        while (job := slurm_service.job(job_id))["status"] != "paused":
+            assert job["status"] in ("running", "pausing") and time.monotonic() < deadline, job
+            time.sleep(0.3)
+        assert job["engine"] == {"name": "slurm", "job_id": first, "state": "COMPLETED"}, job
+        # The ranks checkpoint at the step boundary after the signal.
+        paused_at = re.search(r"/checkpoints/step-(\d+)$", job["resume_from"] or "")
+        assert paused_at and int(paused_at[1]) >= HOLD_STEP, job
+        assert queued(job_id) == []
+        # Resume: a new attempt, a new Slurm job, held again; cancel it there.
+        (slurm_service.job_dir(job_id) / "held").unlink()
+        slurm_service.token.write_text("hold")
+        assert client.post(f"/v1/jobs/{job_id}/resume").status_code == 200
+        second = slurm_service.wait_held(job_id)
+        assert second != first and slurm_service.job(job_id)["attempt"] == 2
         assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
     job = slurm_service.svc.wait_terminal(job_id, timeout=120)
     assert job["status"] == "cancelled", (job, slurm_service.svc.worker_log())
-    assert job["engine"]["state"] == "CANCELLED", job
+    assert job["engine"] == {"name": "slurm", "job_id": second, "state": "CANCELLED"}, job
     assert queued(job_id) == []
 
 

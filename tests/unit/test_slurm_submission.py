@@ -24,6 +24,7 @@ from worker.agent import WorkerAgent
 from worker.attempt import AttemptTarget, start_attempt
 from worker.claim import claim_next_job
 from worker.launch import AttemptPaths, torchrun_argv
+from worker.slurm_attempt import SlurmCommands, cancel_earlier, cancel_lost_job
 from worker.slurm_batch import batch_script, sbatch_argv, split_torchrun_argv
 from worker.slurm_launcher import slurm_request
 from worker.slurm_state import parse_scontrol
@@ -188,3 +189,25 @@ def test_a_slurm_job_goes_to_a_slurm_worker_and_takes_no_lease(settings: Setting
     target = AttemptTarget(job_id, 1, "slurm", 4, [])
     with pytest.raises(RuntimeError, match="without TWINKLE_SLURM"):
         start_attempt(target, ["true"], {}, tmp_path, tmp_path / "a.log", ray_address=None)
+
+
+def test_what_an_earlier_or_lost_attempt_left_in_slurm_is_cancelled(tmp_path: Path) -> None:
+    """A worker that died leaves its Slurm job: the reconciler scancels it by the job's name, and
+    the next attempt cancels it again and waits until squeue lists nothing before submitting."""
+    calls = tmp_path / "calls"
+    queue = tmp_path / "queue"
+    queue.write_text("41\n")
+    for name, body in (
+        ("scancel", f'echo "scancel $*" >> {calls}; : > {queue}'),  # the job leaves the queue
+        ("squeue", f"cat {queue}"),
+    ):
+        (tmp_path / name).write_text(f"#!/bin/bash\n{body}\n")
+        (tmp_path / name).chmod(0o755)
+    commands = SlurmCommands(str(tmp_path))
+    cancel_earlier(commands, "twinkle-job-1")
+    assert (
+        calls.read_text() == "scancel --name=twinkle-job-1\n" and commands.queued_ids("twinkle-job-1") == []
+    )
+    cancel_earlier(commands, "twinkle-job-1")  # nothing queued: nothing cancelled
+    cancel_lost_job(commands, "job-2")
+    assert calls.read_text().splitlines() == ["scancel --name=twinkle-job-1", "scancel --name=twinkle-job-2"]
