@@ -178,6 +178,7 @@ def whole_answer(served: Served, model: str, content: str, max_tokens: int) -> s
     return str(response.json()["choices"][0]["message"]["content"])
 
 
+@pytest.mark.slow  # trains a job with torchrun
 def test_the_playground_answers_with_the_trained_model(served: Served, page: Any) -> None:
     expected = whole_answer(served, served.model, "the cat", 12)
     sign_in(page, served.service.url, LIVE_TOKEN)
@@ -198,6 +199,7 @@ def test_the_playground_answers_with_the_trained_model(served: Served, page: Any
     assert page.text_content(".playground-answer") == expected  # streamed = whole, token by token
 
 
+@pytest.mark.slow  # trains a job with torchrun
 def test_the_cli_and_the_client_answer_the_same(served: Served) -> None:
     expected = whole_answer(served, checkpoint_model(served.job_id, 1), "a robot", 8)
     env = {**os.environ, "TWINKLE_URL": served.service.url, "TWINKLE_TOKEN": LIVE_TOKEN}
