@@ -69,6 +69,9 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
     return generator
 
 
+MAX_UTF8_BYTES = 4  # the longest character in UTF-8, so the most byte tokens one can take
+
+
 @dataclass
 class ChoiceText:
     """One choice's tokens and their text, decoded incrementally: each new token is decoded with
@@ -109,7 +112,12 @@ class ChoiceText:
         """Append the text of the tokens not decoded yet; False while they end mid-character."""
         context = self._string(self.ids[self._context : self._decoded])
         extended = self._string(self.ids[self._context :])
-        if not final and (extended.endswith("\ufffd") or len(extended) < len(context)):
+        # A UTF-8 character has at most 4 bytes, so at most 4 byte tokens: past that the bytes
+        # will never complete one (an untrained or sampled model makes invalid runs), and waiting
+        # longer would hold back the whole rest of the answer and re-decode a growing tail.
+        pending = len(self.ids) - self._decoded
+        ends_mid_character = extended.endswith("\ufffd") or len(extended) < len(context)
+        if not final and ends_mid_character and pending < MAX_UTF8_BYTES:
             return False
         self.text += extended[len(context) :]
         self._context, self._decoded = self._decoded, len(self.ids)

@@ -59,6 +59,14 @@ def test_half_a_character_waits_for_the_rest() -> None:
     assert text.add(0) == ("", False)  # decodes to U+FFFD for now
 
 
+def test_bytes_that_never_complete_a_character_are_sent_after_four_tokens() -> None:
+    text = ChoiceText(CharTokenizer(), ())
+    assert [text.add(0) for _ in range(3)] == [("", False)] * 3  # could still be one character
+    assert text.add(0) == ("\ufffd" * 4, False)  # four bytes and no character: send them as is
+    assert text.add(ord("a")) == ("a", False)  # and the text after streams again at once
+    assert text.flush() == ""
+
+
 def _draws(seed: int, top_p: float = 1.0, steps: int = 20) -> list[int]:
     sampler = SeededSampler(1.0, top_p, make_generator(seed, torch.device("cpu")))
     scores = torch.log_softmax(torch.linspace(0, 3, 50).repeat(2, 1), dim=-1)
