@@ -8,7 +8,8 @@ Loss normalisation: each micro-batch contributes the *sum* of its token losses, 
 micro-batches of an accumulation window weigh every token equally, exactly like one batch N times
 larger. The backward pass runs on that sum and the optimizer step multiplies the gradients by
 world_size / window_tokens (the window's token count over every rank), which makes the gradient
-the token mean over the whole window and every rank. The window's loss and token totals are
+the token mean over the whole window and every rank (applied in the same pass as the clipping
+coefficient). The window's loss and token totals are
 summed over the ranks by one all-reduce, started after the last micro-batch's forward pass and
 in flight during its backward pass: the only collective the token weighting adds to a step.
 Under fp16 the backward pass divides by the global token count of the window's first micro-batch
@@ -71,7 +72,10 @@ class _Window:
     # world_size / first_tokens and first_tokens (the first micro-batch's global token count).
     loss_multiplier: float = 1.0
     grad_numerator: float = 1.0
-    reduced: bool = False  # gradients already rescaled to the window's token mean
+    reduced: bool = False  # the window's totals are summed and its gradient factor is known
+    # What the gradients still have to be multiplied by to be the window's token mean: applied
+    # together with the clipping coefficient (one pass over the gradients), or before the step.
+    grad_factor: float = 1.0
     global_loss: float | None = None
     global_tokens: int = 0
     totals: torch.Tensor | None = None  # [loss sum, tokens] of the window, summed over the ranks
@@ -397,8 +401,8 @@ class TransformersModel:
         return [p for p in self.wrapped.parameters() if p.requires_grad]
 
     def _reduce_window(self) -> None:
-        """Sum the window's loss and tokens over the ranks, and rescale the gradients to the token
-        mean of the window (once)."""
+        """Sum the window's loss and tokens over the ranks, and work out the factor that makes the
+        gradients the token mean of the window (once)."""
         window = self._window
         if window.reduced:
             return
@@ -417,11 +421,15 @@ class TransformersModel:
         window.global_loss = float(totals[0]) / total_tokens
         window.global_tokens = int(total_tokens)
         self.optim.unscale_()
-        factor = window.grad_numerator / total_tokens
-        if factor != 1.0:
-            grads = [p.grad for p in self._trainable() if p.grad is not None]
-            torch._foreach_mul_(_local_tensors(grads), factor)
+        window.grad_factor = window.grad_numerator / total_tokens
         window.reduced = True
+
+    def _scale_grads(self, grads: list[torch.Tensor], multiplier: float = 1.0) -> None:
+        """Apply the window's pending gradient factor, times `multiplier` (clipping), in one pass."""
+        factor = self._window.grad_factor * multiplier
+        if factor != 1.0:
+            torch._foreach_mul_(_local_tensors(grads), factor)
+        self._window.grad_factor = 1.0
 
     def clip_grad_norm(self, max_grad_norm: float | None = 1.0, norm_type: float = 2.0) -> float:
         """Clip to `max_grad_norm` (None: only measure); returns the total norm before clipping."""
@@ -432,16 +440,22 @@ class TransformersModel:
             # FSDP2: the norm of the shards is partial; one all-reduce makes it the global norm, and
             # clipping with a plain number below needs no further collective.
             norm = norm.full_tensor()
+        # A norm is homogeneous: that of the rescaled gradients is the factor times this one, so
+        # the factor and the clipping coefficient are applied together, in one pass.
+        norm = norm * self._window.grad_factor
+        multiplier = 1.0
         if max_grad_norm is not None:
-            # The same fp32 coefficient torch.nn.utils.clip_grad_norm_ computes (bitwise), as a scalar.
+            # The fp32 coefficient torch.nn.utils.clip_grad_norm_ computes, as a scalar.
             coefficient = torch.clamp(float(max_grad_norm) / (norm.float() + 1e-6), max=1.0)
-            if float(coefficient) < 1.0:
-                torch._foreach_mul_(_local_tensors(grads), float(coefficient))
+            multiplier = min(float(coefficient), 1.0)
+        self._scale_grads(grads, multiplier)
         return float(norm)
 
     def step(self) -> None:
         """Optimizer step (through the grad scaler under fp16), then the scheduler; ends the window."""
         self._reduce_window()
+        if self._window.grad_factor != 1.0:  # not applied by clip_grad_norm
+            self._scale_grads([p.grad for p in self._trainable() if p.grad is not None])
         self.optim.step()
         self.cur_step += 1
 
