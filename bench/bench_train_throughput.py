@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -112,9 +113,6 @@ def twinkle_loop(args: argparse.Namespace) -> Callable[[dict[str, torch.Tensor]]
     return step
 
 
-_COLLECTIVE_TENSORS: list[torch.Tensor] = []
-
-
 def timed_block(
     step: Callable[[dict[str, torch.Tensor]], None], data: list[dict[str, torch.Tensor]]
 ) -> tuple[float, float]:
@@ -129,10 +127,6 @@ def timed_block(
     cpu = torch.tensor([time.process_time() - cpu_start], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     dist.all_reduce(cpu)
-    # Keep the tensors alive past the process group: a gloo worker thread that drops its reference
-    # to one after Python dropped its own must take the GIL, which the main thread holds while it
-    # joins that worker at exit (seen: a rank hung at exit in ~ProcessGroupGloo).
-    _COLLECTIVE_TENSORS.extend((elapsed, cpu))
     return float(elapsed), float(cpu)
 
 
@@ -181,6 +175,12 @@ def main() -> None:
             + ")"
         )
     dist.destroy_process_group()
+    # Leave without the interpreter's teardown, as twinkle_core.train does: there a DDP Reducer's
+    # deallocation joins the gloo worker threads while holding the GIL, and a worker still
+    # releasing its last collective's tensors waits for the GIL (seen twice: rank 1 hung in
+    # ~ProcessGroupGloo after printing).
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
