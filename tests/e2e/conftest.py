@@ -40,7 +40,11 @@ TOKEN = "tw-e2e-admin-token"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API keeps an asyncio loop marked as running in
+# this thread while it is open, and every later test that calls asyncio.run() would fail with
+# "cannot be called from a running event loop". ("package" would be the same as session here:
+# tests/e2e is a plain directory, not a package.) A launch costs about a second per module.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not CHROMIUM.exists():
         pytest.skip(f"Chromium not found at {CHROMIUM} (apt-get install -y chromium)")
