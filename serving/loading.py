@@ -1,6 +1,7 @@
 """A checkpoint into memory with transformers: the full model, or a LoRA adapter merged into its
 base on load (one set of weights, generation as fast as the base's), with the checkpoint's own
-tokenizer (so its chat template).
+tokenizer (so its chat template). The base is built as the job built it: the spec's model class,
+config overrides and kwargs come with the request (`twinkle.base_*`).
 
 `estimate_bytes` sizes a load before it starts, from the safetensors files on disk, so that the
 cache can make room first instead of holding the new model and the evicted ones at once.
@@ -67,6 +68,20 @@ def base_dir(target: Target) -> Path:
         return resolve_model_id(target.base_model)
     except (ValueError, OSError) as exc:
         raise LoadFailed(f"base model {target.base_model}: {exc}") from exc
+
+
+def load_base(target: Target, device: torch.device) -> Any:
+    """A LoRA checkpoint's base, built as the job's runner built it (`load_base_model`: the spec's
+    model class, config overrides and kwargs), in its stored dtype unless the kwargs chose one."""
+    from twinkle_core.model.loading import load_base_model
+
+    return load_base_model(
+        base_dir(target),
+        target.base_model_cls,
+        target.base_config,
+        target.base_kwargs,
+        keep_attention=device.type == "cuda",
+    )
 
 
 def safetensors_bytes(directory: Path) -> int:
@@ -138,8 +153,7 @@ def load_with_transformers(target: Target, device: torch.device) -> LoadedModel:
         if is_adapter(weights):
             from peft import PeftModel
 
-            base = AutoModelForCausalLM.from_pretrained(str(base_dir(target)), dtype="auto")
-            model = PeftModel.from_pretrained(base, str(weights)).merge_and_unload()
+            model = PeftModel.from_pretrained(load_base(target, device), str(weights)).merge_and_unload()
         else:
             model = AutoModelForCausalLM.from_pretrained(str(weights), dtype="auto")
     except (OSError, ValueError, RuntimeError) as exc:

@@ -10,8 +10,9 @@ local directory must lie under the jobs root or an allowed root. A hub id (`org/
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,6 +30,11 @@ class TwinkleKey(BaseModel):
         default=None, description="A LoRA checkpoint's base: a directory or hub id"
     )
     model: str = Field(min_length=1, description="The public model name, echoed in answers")
+    # How the job built the base (its spec's model section), so that the adapter is merged into
+    # the model it was trained on: the class, the config overrides, the from_pretrained kwargs.
+    base_model_cls: str | None = Field(default=None, description="The job's model.model_cls")
+    base_config: dict[str, Any] | None = Field(default=None, description="The job's model.config")
+    base_kwargs: dict[str, Any] | None = Field(default=None, description="The job's model.kwargs")
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,9 @@ class Target:
     checkpoint: Path  # resolved
     base_model: str | None
     model: str
+    base_model_cls: str | None = None
+    base_config: dict[str, Any] | None = field(default=None, hash=False)
+    base_kwargs: dict[str, Any] | None = field(default=None, hash=False)
 
 
 def _is_local_path(name: str) -> bool:
@@ -72,4 +81,12 @@ def check_target(key: TwinkleKey, jobs_root: Path, allowed_roots: Sequence[Path]
                 f"base model {base} is not a directory", param="twinkle.base_model", code="not_found"
             )
         base = str(base_dir)
-    return Target(key=key.checkpoint, checkpoint=checkpoint, base_model=base, model=key.model)
+    return Target(
+        key=key.checkpoint,
+        checkpoint=checkpoint,
+        base_model=base,
+        model=key.model,
+        base_model_cls=key.base_model_cls,
+        base_config=key.base_config,
+        base_kwargs=key.base_kwargs,
+    )

@@ -26,10 +26,10 @@ from typing import Any
 
 from serving.loading import (
     LoadedModel,
-    base_dir,
     context_length,
     estimate_bytes,
     is_adapter,
+    load_base,
     load_tokenizer,
     safetensors_bytes,
     weights_dir,
@@ -141,10 +141,10 @@ class VllmBackend:
         merged = self.merged_root / digest
         if (merged / "config.json").is_file():
             return merged
+        import torch
         from peft import PeftModel
-        from transformers import AutoModelForCausalLM
 
-        base = AutoModelForCausalLM.from_pretrained(str(base_dir(target)), dtype="auto")
+        base = load_base(target, torch.device("cpu"))  # merged on the CPU, as the note above says
         model = PeftModel.from_pretrained(base, str(weights)).merge_and_unload()
         partial = merged.with_name(f".{merged.name}.{uuid.uuid4().hex[:8]}")
         model.save_pretrained(str(partial))

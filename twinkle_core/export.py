@@ -129,25 +129,18 @@ def _copy_model_files(weights: Path, out: Path) -> None:
 
 
 def _load_base(request: ExportRequest) -> Any:
-    """The base model as the job built it: same class, same config overrides, same kwargs, in the
-    dtype it is stored in (`dtype="auto"`) unless the job's kwargs chose one."""
+    """The base model as the job built it (`load_base_model`: same class, config overrides and
+    kwargs), in the dtype it is stored in unless the job's kwargs chose one, on the CPU."""
     from twinkle_core.hub import resolve_model_id
-    from twinkle_core.model.loading import build_config, resolve_model_cls
+    from twinkle_core.model.loading import load_base_model
 
     if request.base_model is None:
         raise ValueError(
             "the job built its base model from a config alone: there are no base weights to merge into"
         )
-    base_dir = resolve_model_id(request.base_model)
-    config = build_config(request.config, base_dir)
-    kwargs = dict(request.kwargs)
-    # How attention is computed changes no weight, and a GPU kernel (flash_attention_2) would not
-    # load on the exporter, which runs on the CPU.
-    kwargs.pop("attn_implementation", None)
-    if "dtype" not in kwargs and "torch_dtype" not in kwargs:
-        kwargs["dtype"] = "auto"
-    model_cls = resolve_model_cls(request.model_cls)
-    return model_cls.from_pretrained(str(base_dir), config=config, **kwargs)
+    return load_base_model(
+        resolve_model_id(request.base_model), request.model_cls, request.config, request.kwargs
+    )
 
 
 def _merge_into_base(request: ExportRequest, weights: Path, out: Path) -> None:

@@ -35,10 +35,23 @@ class ServedModel:
     step: int
     checkpoint: str  # the checkpoint directory, absolute
     base_model: str | None  # a LoRA job's base (`model_id`, a path under an allowed root or a hub id)
+    # How the job built that base (its spec's model section), for the host to build it the same.
+    base_model_cls: str | None = None
+    base_config: dict[str, Any] | None = None
+    base_kwargs: dict[str, Any] | None = None
 
     def host_target(self) -> dict[str, Any]:
         """The `twinkle` key of a request to a serving host (the host contract)."""
-        return {"checkpoint": self.checkpoint, "base_model": self.base_model, "model": self.name}
+        target: dict[str, Any] = {
+            "checkpoint": self.checkpoint,
+            "base_model": self.base_model,
+            "model": self.name,
+        }
+        if self.base_model is not None:
+            target.update(
+                base_model_cls=self.base_model_cls, base_config=self.base_config, base_kwargs=self.base_kwargs
+            )
+        return target
 
 
 def _unknown(model: str, why: str) -> NotFound:
@@ -51,12 +64,19 @@ def fine_tuned_model(job: Job) -> str:
     return names.fine_tuned_model_name(job.id, model_id, job.name)
 
 
-def _base_model_of(job: Job) -> str | None:
-    """A LoRA job's checkpoint holds the adapter alone: the host merges it into this base."""
+def _base_of(job: Job) -> dict[str, Any]:
+    """A LoRA job's checkpoint holds the adapter alone: the host merges it into this base, built as
+    the job built it (model class, config overrides, kwargs). Nothing for a full fine-tune."""
     spec = job.spec or {}
     if spec.get("adapter") is None:
-        return None
-    return ModelSection.model_validate(spec.get("model") or {}).model_id
+        return {"base_model": None}
+    section = ModelSection.model_validate(spec.get("model") or {})
+    return {
+        "base_model": section.model_id,
+        "base_model_cls": section.model_cls,
+        "base_config": section.config,
+        "base_kwargs": section.kwargs or None,
+    }
 
 
 def _served(model: str, job: Job, checkpoint: Checkpoint) -> ServedModel:
@@ -68,7 +88,7 @@ def _served(model: str, job: Job, checkpoint: Checkpoint) -> ServedModel:
         job_id=job.id,
         step=checkpoint.step,
         checkpoint=checkpoint.path,
-        base_model=_base_model_of(job),
+        **_base_of(job),
     )
 
 

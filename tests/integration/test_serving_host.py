@@ -28,6 +28,11 @@ class Host:
             return {"twinkle": twinkle_key(self.lora, "ft:lora", self.base)}
         return {"twinkle": twinkle_key(self.full, "ft:full")}
 
+    def lora_tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(self.lora))
+
     def health(self) -> dict[str, Any]:
         response = httpx.get(f"{self.url}/healthz", headers={"Authorization": f"Bearer {SECRET}"})
         return dict(response.json())
@@ -129,6 +134,36 @@ def test_greedy_is_plain_generate_and_stop_cuts_there(host: Host, which: str) ->
     stopped = host.client.completions.create(**common, max_tokens=10, stop=[stop], extra_body=extra)
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.choices[0].text == expected[: expected.index(stop)]
+
+
+def test_a_lora_base_is_built_as_the_job_built_it(host: Host) -> None:
+    # A job that changed its base through a config override (and named the model class): its
+    # adapter is merged into that changed base, not into the stored one.
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    override = {"rms_norm_eps": 0.5}
+    checkpoint = make_checkpoint(host.base, host.jobs_root, "job-lora-config", lora=True, config=override)
+    config = AutoConfig.from_pretrained(str(host.base), **override)
+    trained_on = AutoModelForCausalLM.from_pretrained(str(host.base), config=config)
+    model = PeftModel.from_pretrained(trained_on, str(checkpoint))
+    tokenizer = host.lora_tokenizer()
+    ids = tokenizer("the cat", return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=[], pad_token_id=0)
+    expected = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert expected != _plain_greedy(checkpoint, "the cat", 12, host.base)  # the override matters
+
+    key = twinkle_key(
+        checkpoint, "ft:lora-config", host.base, base_model_cls="LlamaForCausalLM", base_config=override
+    )
+    answer = host.client.completions.create(
+        model="ft:lora-config",
+        prompt="the cat",
+        temperature=0,
+        max_tokens=12,
+        extra_body={"twinkle": key, "ignore_eos": True},
+    )
+    assert answer.choices[0].text == expected
 
 
 def test_same_seed_same_text_other_seed_other_text(host: Host) -> None:

@@ -38,13 +38,22 @@ def build_long_context_model(out_dir: Path, tokenizer_dir: Path, max_positions: 
     return out_dir
 
 
-def make_checkpoint(model_dir: Path, jobs_root: Path, job: str, *, lora: bool, seed: int = 0) -> Path:
+def make_checkpoint(
+    model_dir: Path,
+    jobs_root: Path,
+    job: str,
+    *,
+    lora: bool,
+    seed: int = 0,
+    config: dict[str, Any] | None = None,
+) -> Path:
+    """`config`: overrides of the stored config, as a job's `model.config` gives them."""
     import torch
 
     from twinkle_core.model import TransformersModel
 
     torch.manual_seed(seed)
-    model = TransformersModel(model_id=str(model_dir), mixed_precision="no")
+    model = TransformersModel(model_id=str(model_dir), config=config, mixed_precision="no")
     adapter = None
     if lora:
         adapter = "default"
@@ -62,11 +71,13 @@ def make_checkpoint(model_dir: Path, jobs_root: Path, job: str, *, lora: bool, s
     return Path(model.save("step-2", output_dir=jobs_root / job / "checkpoints"))
 
 
-def twinkle_key(checkpoint: Path, name: str, base_model: Path | None = None) -> dict[str, Any]:
+def twinkle_key(checkpoint: Path, name: str, base_model: Path | None = None, **base: Any) -> dict[str, Any]:
+    """`base`: how the job built its base (`base_model_cls`, `base_config`, `base_kwargs`)."""
     return {
         "checkpoint": str(checkpoint),
         "base_model": str(base_model) if base_model else None,
         "model": name,
+        **base,
     }
 
 

@@ -197,7 +197,12 @@ def test_inference_needs_a_token(api: Api) -> None:
 def test_a_live_host_gets_the_resolved_checkpoint(api: Api, host: Standin) -> None:
     api.settings.serving_secret = TOKEN  # the secret this stand-in expects
     lora_spec = {
-        "model": {"model_id": "org/tiny-llama"},
+        "model": {
+            "model_id": "org/tiny-llama",
+            "model_cls": "LlamaForCausalLM",
+            "config": {"rope_theta": 500.0},
+            "kwargs": {"attn_implementation": "eager"},
+        },
         "data": {"train_file": "hf://datasets/org/tiny-data"},
         "adapter": {"r": 4},
     }
@@ -215,11 +220,14 @@ def test_a_live_host_gets_the_resolved_checkpoint(api: Api, host: Standin) -> No
     lora_name = f"ft:tiny-llama:lora:{lora['id']}"
     answer = _chat(api, lora_name, max_tokens=3, seed=7)
     sent = host.state.requests[-1]
-    # The host is told which checkpoint to load and on which base, and the name to echo; the
-    # client's own fields pass unchanged.
+    # The host is told which checkpoint to load and on which base, built as the job built it,
+    # and the name to echo; the client's own fields pass unchanged.
     assert sent["twinkle"] == {
         "checkpoint": lora_ckpt["path"],
         "base_model": "org/tiny-llama",
+        "base_model_cls": "LlamaForCausalLM",
+        "base_config": {"rope_theta": 500.0},
+        "base_kwargs": {"attn_implementation": "eager"},
         "model": lora_name,
     }
     assert (

@@ -91,6 +91,32 @@ def load_model(
     return model
 
 
+def load_base_model(
+    model_dir: Path,
+    model_cls: Any = None,
+    config: PretrainedConfig | dict[str, Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    *,
+    keep_attention: bool = False,
+) -> torch.nn.Module:
+    """A LoRA job's base model outside training (serving, export), built as the runner built it:
+    the spec's `model_cls`, its `config` overrides and its `from_pretrained` kwargs (through the
+    same `resolve_model_cls`, `build_config` and `load_model`), so that the adapter lands on the
+    model it was trained on.
+
+    One difference: unless the kwargs choose a dtype, the weights load in the dtype they are
+    stored in (`dtype="auto"`), not in training's fp32 master weights: training computed in that
+    precision or a lower one (mixed precision), and fp32 would double the memory for nothing.
+    `attn_implementation` (how attention is computed, no weight) is dropped unless
+    `keep_attention`: a GPU kernel such as flash_attention_2 does not load on a CPU."""
+    kwargs = dict(kwargs or {})
+    if not keep_attention:
+        kwargs.pop("attn_implementation", None)
+    if "dtype" not in kwargs and "torch_dtype" not in kwargs:
+        kwargs["dtype"] = "auto"
+    return load_model(resolve_model_cls(model_cls), model_dir, build_config(config, model_dir), kwargs, False)
+
+
 def _from_config(model_cls: Any, config: PretrainedConfig, kwargs: dict[str, Any]) -> torch.nn.Module:
     build = getattr(model_cls, "from_config", None) or model_cls._from_config
     try:
