@@ -102,12 +102,9 @@ class WorkerSettings(_Environment):
         default=None, description="Partition of jobs whose spec names none; default: the cluster's"
     )
     slurm_account: str | None = Field(
-        default=None, description="--account of Slurm jobs (unless the project has its own)"
-    )
-    slurm_project_accounts: dict[str, str] | None = Field(
         default=None,
-        description='JSON {"<project name or id>": "<account>"}: the Slurm account each project is '
-        "charged to; others get TWINKLE_SLURM_ACCOUNT",
+        description="--account of Slurm jobs whose project has no slurm_account of its own (the admin "
+        "API's project setting); unset: Slurm's default account of the submitting user",
     )
     slurm_gpus: bool = Field(
         default=True, description="Ask Slurm for nproc_per_node GPUs per node; false on a CPU-only cluster"

@@ -1,7 +1,8 @@
 """`twinkle-jobs projects create|list|get|update|rotate-secret`: projects through the API.
 
 Needs an admin token (`--token` or TWINKLE_TOKEN). An admin of the project "default" (the
-bootstrap token is one) manages every project and alone creates projects and sets quotas; an
+bootstrap token is one) manages every project and alone creates projects and sets quotas and
+Slurm accounts; an
 admin of another project sees and changes its own (default webhook, secret rotation). The webhook
 secret is printed by `create` and `rotate-secret` only, the two times the server shows it.
 """
@@ -13,6 +14,8 @@ from typing import Any
 import click
 
 from twinkle_cli.resources import OUTPUT, _client, _emit, _group, handle_api_errors
+
+SLURM_ACCOUNT_HELP = "The Slurm account (sbatch --account) of the project's Slurm jobs (operator only)"
 
 
 def _limit(value: str | None) -> int | str | None:
@@ -35,6 +38,7 @@ def _lines(project: dict[str, Any]) -> list[str]:
         f"  max_queued_jobs   {show(project['max_queued_jobs'])}",
         f"  max_running_jobs  {show(project['max_running_jobs'])}",
         f"  webhook_url       {project['webhook_url'] or '-'}",
+        f"  slurm_account     {project.get('slurm_account') or '- (the worker default)'}",
     ]
     if "webhook_secret" in project:
         lines.append(f"  webhook_secret    {project['webhook_secret']}  (shown once: store it now)")
@@ -43,7 +47,7 @@ def _lines(project: dict[str, Any]) -> list[str]:
 
 @_group
 def projects() -> None:
-    """Create projects and set their quotas, default webhook and webhook secret (admin)."""
+    """Create projects and set their quotas, Slurm account, default webhook and webhook secret (admin)."""
 
 
 @projects.command("create")
@@ -51,6 +55,7 @@ def projects() -> None:
 @click.option("--max-queued-jobs", type=click.IntRange(min=0), default=None, help="Default: unlimited")
 @click.option("--max-running-jobs", type=click.IntRange(min=0), default=None, help="Default: unlimited")
 @click.option("--webhook-url", default=None, help="Where jobs without their own webhook_url report")
+@click.option("--slurm-account", default=None, help=SLURM_ACCOUNT_HELP)
 @OUTPUT
 @click.pass_context
 @handle_api_errors
@@ -60,11 +65,16 @@ def projects_create(
     max_queued_jobs: int | None,
     max_running_jobs: int | None,
     webhook_url: str | None,
+    slurm_account: str | None,
     output: str,
 ) -> None:
     """Create a project; prints its webhook secret, this once."""
     project = _client(ctx).projects.create(
-        name, max_queued_jobs=max_queued_jobs, max_running_jobs=max_running_jobs, webhook_url=webhook_url
+        name,
+        max_queued_jobs=max_queued_jobs,
+        max_running_jobs=max_running_jobs,
+        webhook_url=webhook_url,
+        slurm_account=slurm_account,
     )
     _emit(project, output, _lines(project))
 
@@ -97,6 +107,7 @@ def projects_get(ctx: click.Context, project: str, output: str) -> None:
     "--max-running-jobs", default=None, help="A number, or 'none' to lift the limit (operator only)"
 )
 @click.option("--webhook-url", default=None, help="The default webhook URL, or 'none' to remove it")
+@click.option("--slurm-account", default=None, help=f"{SLURM_ACCOUNT_HELP}, or 'none' for the worker default")
 @OUTPUT
 @click.pass_context
 @handle_api_errors
@@ -106,9 +117,11 @@ def projects_update(
     max_queued_jobs: str | None,
     max_running_jobs: str | None,
     webhook_url: str | None,
+    slurm_account: str | None,
     output: str,
 ) -> None:
-    """Change a project's quotas or default webhook; options not given stay as they are."""
+    """Change a project's quotas, Slurm account or default webhook; options not given stay as
+    they are."""
     changes: dict[str, Any] = {}
     for key, raw in (("max_queued_jobs", max_queued_jobs), ("max_running_jobs", max_running_jobs)):
         value = _limit(raw)
@@ -116,9 +129,11 @@ def projects_update(
             changes[key] = None if value == "none" else value
     if webhook_url is not None:
         changes["webhook_url"] = None if webhook_url.lower() == "none" else webhook_url
+    if slurm_account is not None:
+        changes["slurm_account"] = None if slurm_account.lower() == "none" else slurm_account
     if not changes:
         raise click.UsageError(
-            "nothing to change: give --max-queued-jobs, --max-running-jobs or --webhook-url"
+            "nothing to change: give --max-queued-jobs, --max-running-jobs, --webhook-url or --slurm-account"
         )
     updated = _client(ctx).projects.update(project, **changes)
     _emit(updated, output, _lines(updated))

@@ -5,7 +5,8 @@ worker's Slurm settings, then `SlurmJobAttempt.submit` (worker.slurm_attempt).
 - GPUs per node = `resources.nproc_per_node` (none with TWINKLE_SLURM_GPUS=false: a CPU cluster);
 - CPUs per node = `nproc_per_node` x TWINKLE_SLURM_CPUS_PER_RANK;
 - partition = `resources.partition`, else TWINKLE_SLURM_PARTITION, else the cluster's default;
-- account = the project's entry in TWINKLE_SLURM_PROJECT_ACCOUNTS, else TWINKLE_SLURM_ACCOUNT;
+- account = the project's `slurm_account` (set by the operator through the admin API), else
+  TWINKLE_SLURM_ACCOUNT, else none (Slurm charges the submitting user's default account);
 - time limit = what is left of the job's `timeout_seconds` (earlier attempts spent the rest).
 """
 
@@ -23,21 +24,19 @@ from worker.slurm_batch import SlurmRequest
 
 
 def slurm_request(
-    settings: Settings, job: Job, project_name: str | None, paths: AttemptPaths
+    settings: Settings, job: Job, project_account: str | None, paths: AttemptPaths
 ) -> SlurmRequest:
     resources = resources_of(job.spec)
     left = None
     if job.timeout_seconds:
         left = max(1.0, job.timeout_seconds - (job.run_seconds or 0.0))
-    accounts = settings.slurm_project_accounts or {}
-    account = accounts.get(project_name or "", accounts.get(job.project_id)) or settings.slurm_account
     return SlurmRequest(
         job_name=slurm_job_name(job.id),
         nodes=resources.nnodes,
         gpus_per_node=resources.nproc_per_node if settings.slurm_gpus else 0,
         cpus_per_node=resources.nproc_per_node * settings.slurm_cpus_per_rank,
         partition=resources.partition or settings.slurm_partition,
-        account=account,
+        account=project_account or settings.slurm_account,
         time_limit_seconds=left,
         output=paths.log,
         workdir=paths.job_dir,
@@ -54,6 +53,6 @@ def submit_slurm_attempt(
         if job is None:
             raise RuntimeError(f"job {job_id} vanished before its Slurm submission")
         project = session.get(Project, job.project_id)
-        request = slurm_request(settings, job, project.name if project else None, paths)
+        request = slurm_request(settings, job, project.slurm_account if project else None, paths)
     commands = SlurmCommands(settings.slurm_bin_dir)
     return SlurmJobAttempt.submit(commands, request, argv, env, rank_logs=Path(paths.rank_logs))

@@ -547,6 +547,7 @@ class Projects(_Resource):
         max_queued_jobs: int | None = None,
         max_running_jobs: int | None = None,
         webhook_url: str | None = None,
+        slurm_account: str | None = None,
     ) -> Json:
         """Create a project; the answer's `webhook_secret` is shown this once."""
         body: Json = {"name": name}
@@ -554,6 +555,7 @@ class Projects(_Resource):
             ("max_queued_jobs", max_queued_jobs),
             ("max_running_jobs", max_running_jobs),
             ("webhook_url", webhook_url),
+            ("slurm_account", slurm_account),
         ):
             if value is not None:
                 body[key] = value
@@ -574,12 +576,15 @@ class Projects(_Resource):
         max_queued_jobs: int | None = UNSET,
         max_running_jobs: int | None = UNSET,
         webhook_url: str | None = UNSET,
+        slurm_account: str | None = UNSET,
     ) -> Json:
-        """Change only the fields given; `None` lifts a quota or removes the default webhook."""
+        """Change only the fields given; `None` lifts a quota, removes the default webhook, or
+        returns the project's Slurm jobs to the worker's default account."""
         fields = {
             "max_queued_jobs": max_queued_jobs,
             "max_running_jobs": max_running_jobs,
             "webhook_url": webhook_url,
+            "slurm_account": slurm_account,
         }
         body = {key: value for key, value in fields.items() if value is not UNSET}
         result: Json = self._c.json("PATCH", f"/v1/projects/{project}", json=body)

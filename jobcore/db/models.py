@@ -75,6 +75,9 @@ class Project(Base):
     webhook_url: Mapped[str | None] = mapped_column(Text, default=None)
     max_running_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
     max_queued_jobs: Mapped[int | None] = mapped_column(Integer, default=None)
+    # The Slurm account (sbatch --account) its launcher='slurm' jobs are charged to; None: the
+    # worker's TWINKLE_SLURM_ACCOUNT, else the user's default account in Slurm.
+    slurm_account: Mapped[str | None] = mapped_column(String(64), default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

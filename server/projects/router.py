@@ -95,7 +95,8 @@ def get_project(project_id: ProjectRef, session: SessionDep, principal: AdminPri
 def update_project(
     project_id: ProjectRef, body: ProjectUpdate, session: SessionDep, principal: AdminPrincipal
 ) -> ProjectOut:
-    """Change the quotas (operator only) or the default webhook URL; fields not sent stay as they are."""
+    """Change the quotas and the Slurm account (operator only) or the default webhook URL; fields not
+    sent stay as they are."""
     return service.present_project(service.update_project(session, principal, project_id, body))
 
 

@@ -13,6 +13,11 @@ from server.jobs.schemas import check_webhook_url
 
 # Names travel in URL paths (`/v1/projects/{name}`) and shell scripts: keep them plain.
 PROJECT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# A Slurm account name as it goes to `sbatch --account=`: what sacctmgr names accounts with
+# (letters, digits, '_', '.', '-'; Slurm compares them case-insensitively), nothing a shell or
+# Slurm's option parser reads specially, at most 64 characters.
+SLURM_ACCOUNT = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
+SLURM_ACCOUNT_HELP = "Slurm account (sbatch --account) of its launcher='slurm' jobs, set by the operator"
 QUOTA_MAX = 1_000_000
 Scope = Literal["read", "write", "admin"]
 
@@ -34,6 +39,9 @@ class ProjectCreate(_Body):
     webhook_url: str | None = Field(
         default=None, max_length=2048, description="Default webhook of jobs submitted without their own"
     )
+    slurm_account: str | None = Field(
+        default=None, pattern=SLURM_ACCOUNT, description=f"{SLURM_ACCOUNT_HELP}; null: the worker's default"
+    )
 
     _webhook = field_validator("webhook_url")(check_webhook_url)
 
@@ -44,6 +52,9 @@ class ProjectUpdate(_Body):
     max_queued_jobs: int | None = Field(default=None, ge=0, le=QUOTA_MAX, description="null: unlimited")
     max_running_jobs: int | None = Field(default=None, ge=0, le=QUOTA_MAX, description="null: unlimited")
     webhook_url: str | None = Field(default=None, max_length=2048, description="null: no default webhook")
+    slurm_account: str | None = Field(
+        default=None, pattern=SLURM_ACCOUNT, description=f"{SLURM_ACCOUNT_HELP}; null: the worker's default"
+    )
 
     _webhook = field_validator("webhook_url")(check_webhook_url)
 
@@ -55,6 +66,9 @@ class ProjectOut(BaseModel):
     max_queued_jobs: int | None
     max_running_jobs: int | None
     webhook_url: str | None = Field(description="Jobs submitted without a webhook_url report here")
+    slurm_account: str | None = Field(
+        description=f"{SLURM_ACCOUNT_HELP}; null: the worker's TWINKLE_SLURM_ACCOUNT"
+    )
     created_at: datetime
 
 

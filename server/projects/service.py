@@ -23,6 +23,9 @@ from server.projects import repository
 from server.projects.schemas import ProjectCreate, ProjectOut, ProjectUpdate, TokenCreate, TokenOut
 
 QUOTAS = ("max_queued_jobs", "max_running_jobs")
+# What the cluster charges a project's Slurm jobs to: the operator's to set, like a quota (an
+# admin of the project could otherwise charge another team's account).
+OPERATOR_FIELDS = (*QUOTAS, "slurm_account")
 
 
 def _operator_only(principal: Principal, what: str) -> None:
@@ -47,6 +50,7 @@ def present_project(project: Project) -> ProjectOut:
         max_queued_jobs=project.max_queued_jobs,
         max_running_jobs=project.max_running_jobs,
         webhook_url=project.webhook_url,
+        slurm_account=project.slurm_account,
         created_at=project.created_at,
     )
 
@@ -60,6 +64,7 @@ def create_project(session: Session, principal: Principal, body: ProjectCreate) 
         max_queued_jobs=body.max_queued_jobs,
         max_running_jobs=body.max_running_jobs,
         webhook_url=body.webhook_url,
+        slurm_account=body.slurm_account,
     )
     session.add(project)
     try:
@@ -90,14 +95,15 @@ def list_projects(
 def update_project(session: Session, principal: Principal, ref: str, body: ProjectUpdate) -> Project:
     project = get_project(session, principal, ref)
     changed = body.model_fields_set
-    quotas = [field for field in QUOTAS if field in changed]
-    if quotas and not principal.is_operator:
+    reserved = [field for field in OPERATOR_FIELDS if field in changed]
+    if reserved and not principal.is_operator:
+        what = "a quota" if reserved[0] in QUOTAS else "the account Slurm charges the project's jobs to"
         raise Forbidden(
-            f"{quotas[0]} is a quota: only an admin of the operator project '{OPERATOR_PROJECT}' sets it",
-            param=quotas[0],
+            f"{reserved[0]} is {what}: only an admin of the operator project '{OPERATOR_PROJECT}' sets it",
+            param=reserved[0],
             code="operator_only",
         )
-    for field in (*QUOTAS, "webhook_url"):
+    for field in (*OPERATOR_FIELDS, "webhook_url"):
         if field in changed:
             setattr(project, field, getattr(body, field))
     session.flush()

@@ -2,7 +2,8 @@
 
 Tenancy: an admin token of the operator project ("default", the bootstrap token's) administers
 every project; an admin token of another project administers that project only (others are 404),
-and may not create projects or set quotas (403); tokens without the admin scope get 403.
+and may not create projects or set quotas or the Slurm account (403); tokens without the admin
+scope get 403.
 """
 
 from __future__ import annotations
@@ -173,6 +174,42 @@ def test_a_project_admin_administers_its_own_project_only(api: Api) -> None:
     assert new.status_code == 403 and new.json()["error"]["code"] == "operator_only"
     quota = api.client.patch("/v1/projects/mine", json={"max_running_jobs": 100}, headers=admin)
     assert quota.status_code == 403 and quota.json()["error"]["param"] == "max_running_jobs"
+
+
+def test_the_slurm_account_is_set_by_the_operator_and_read_by_the_project(api: Api) -> None:
+    created = create_project(api, "hpc", slurm_account="hpc-lab")
+    assert created["slurm_account"] == "hpc-lab"
+    assert create_project(api, "plain")["slurm_account"] is None  # the worker's default account
+    admin = project_admin(api, "hpc")
+    assert api.client.get("/v1/projects/hpc", headers=admin).json()["slurm_account"] == "hpc-lab"
+
+    # A project admin may not choose what the cluster charges its jobs to (another team's account).
+    grab = api.client.patch("/v1/projects/hpc", json={"slurm_account": "other-team"}, headers=admin)
+    assert grab.status_code == 403 and grab.json()["error"]["code"] == "operator_only", grab.text
+    assert grab.json()["error"]["param"] == "slurm_account"
+    hook = api.client.patch("/v1/projects/hpc", json={"webhook_url": "https://h.example/x"}, headers=admin)
+    assert hook.status_code == 200 and hook.json()["slurm_account"] == "hpc-lab"  # not sent: unchanged
+    assert (
+        api.client.patch("/v1/projects/plain", json={"slurm_account": "x"}, headers=admin).status_code == 404
+    )
+
+    changed = api.client.patch("/v1/projects/hpc", json={"slurm_account": "hpc_2024.gpu"}, headers=api.admin)
+    assert changed.status_code == 200 and changed.json()["slurm_account"] == "hpc_2024.gpu"
+    cleared = api.client.patch("/v1/projects/hpc", json={"slurm_account": None}, headers=api.admin)
+    assert cleared.status_code == 200 and cleared.json()["slurm_account"] is None
+    with api.session() as session:
+        assert session.get_one(Project, created["id"]).slurm_account is None
+
+
+@pytest.mark.parametrize("account", ["", "has space", "-x", "a;b", "a/b", "x" * 65, "$(id)", "a,b"])
+def test_a_slurm_account_that_is_not_a_slurm_account_name_is_422(api: Api, account: str) -> None:
+    create_project(api, "named")
+    for response in (
+        api.client.post("/v1/projects", json={"name": "new", "slurm_account": account}, headers=api.admin),
+        api.client.patch("/v1/projects/named", json={"slurm_account": account}, headers=api.admin),
+    ):
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["param"] == "slurm_account"
 
 
 @pytest.mark.parametrize("scopes", [("read",), ("read", "write")])

@@ -56,13 +56,17 @@ def test_projects_commands_over_http(api: Api, runner: CliRunner) -> None:
             "3",
             "--webhook-url",
             "https://h.example/t",
+            "--slurm-account",
+            "team-hpc",
             "-o",
             "json",
         )
     )
     assert made["webhook_secret"].startswith("whsec_") and made["max_queued_jobs"] == 3
+    assert made["slurm_account"] == "team-hpc"
     text = run(runner, "projects", "get", "team")
     assert text.exit_code == 0 and "unlimited" in text.output and made["webhook_secret"] not in text.output
+    assert "slurm_account     team-hpc" in text.output
     updated = out(
         run(
             runner,
@@ -78,7 +82,11 @@ def test_projects_commands_over_http(api: Api, runner: CliRunner) -> None:
         )
     )
     assert updated["max_queued_jobs"] is None and updated["max_running_jobs"] == 2
-    assert updated["webhook_url"] == "https://h.example/t"
+    assert updated["webhook_url"] == "https://h.example/t" and updated["slurm_account"] == "team-hpc"
+    cleared = out(run(runner, "projects", "update", "team", "--slurm-account", "none", "-o", "json"))
+    assert cleared["slurm_account"] is None
+    bad = run(runner, "projects", "update", "team", "--slurm-account", "a b")
+    assert bad.exit_code == 1 and "slurm_account" in bad.output
     rotated = out(run(runner, "projects", "rotate-secret", made["id"], "-o", "json"))
     assert rotated["webhook_secret"] not in (None, made["webhook_secret"])
     assert {p["name"] for p in out(run(runner, "projects", "list", "-o", "json"))} >= {"default", "team"}
@@ -192,6 +200,9 @@ def test_client_namespaces(api: Api) -> None:
     assert "webhook_secret" in project and "webhook_secret" not in client.projects.get("lab")
     assert client.projects.update("lab", webhook_url="https://h.example/lab")["max_running_jobs"] == 1
     assert client.projects.update("lab", max_running_jobs=None)["max_running_jobs"] is None
+    assert client.projects.update("lab", slurm_account="lab-hpc")["slurm_account"] == "lab-hpc"
+    assert client.projects.update("lab", slurm_account=None)["slurm_account"] is None
+    assert client.projects.create("lab2", slurm_account="lab2")["slurm_account"] == "lab2"
     assert client.projects.rotate_webhook_secret("lab")["webhook_secret"] != project["webhook_secret"]
     made = client.tokens.create(project="lab", name="ci", scopes=["read"])
     assert [t["id"] for t in client.tokens.list("lab")] == [made["id"]]

@@ -72,15 +72,14 @@ def test_the_allocation_comes_from_the_spec_the_job_and_the_project(
     settings: Settings, tmp_path: Path
 ) -> None:
     job_id = add_job(settings, SLURM_SPEC, timeout_seconds=3600, run_seconds=600.0)
-    configured = settings.model_copy(
-        update={"slurm_account": "everyone", "slurm_project_accounts": {"vision": "vision-lab"}}
-    )
+    configured = settings.model_copy(update={"slurm_account": "everyone"})
     paths = AttemptPaths(tmp_path / "job", 3)
     with session_scope(settings.resolved_database_url) as session:
         job = session.get(Job, job_id)
         assert job is not None
-        request = slurm_request(configured, job, "vision", paths)
-        other = slurm_request(configured.model_copy(update={"slurm_gpus": False}), job, "nlp", paths)
+        request = slurm_request(configured, job, "vision-lab", paths)  # the project's own account
+        other = slurm_request(configured.model_copy(update={"slurm_gpus": False}), job, None, paths)
+        unset = slurm_request(settings, job, None, paths)
     argv = sbatch_argv("sbatch", request, tmp_path / "a.sbatch")
     assert argv[0] == "sbatch" and argv[-1] == str(tmp_path / "a.sbatch")
     for option in (
@@ -100,6 +99,8 @@ def test_the_allocation_comes_from_the_spec_the_job_and_the_project(
         assert option in argv, (option, argv)
     other_argv = sbatch_argv("sbatch", other, tmp_path / "a.sbatch")
     assert "--account=everyone" in other_argv  # a project without its own account
+    unset_argv = sbatch_argv("sbatch", unset, tmp_path / "a.sbatch")
+    assert not any(a.startswith("--account") for a in unset_argv)  # Slurm's default account
     assert not any(a.startswith("--gpus") for a in other_argv)  # TWINKLE_SLURM_GPUS=false
 
 
