@@ -56,7 +56,16 @@ def rank_exit_codes(log_text: str) -> list[int]:
     return [int(code) for code in _RANK_EXITCODE.findall(log_text)]
 
 
-def classify(exit_code: int | None, seen: Observed, stop: StopCause | None, log_tail: str) -> AttemptResult:
+def classify(
+    exit_code: int | None,
+    seen: Observed,
+    stop: StopCause | None,
+    log_tail: str,
+    ended: StopCause | None = None,
+) -> AttemptResult:
+    """`stop`: why the supervisor ended the attempt; `ended`: why the engine running it did, where
+    the exit code cannot say (Slurm's time limit). A run that finished or paused before the engine
+    ended it keeps that outcome."""
     if stop is not None:
         return AttemptResult(stop.outcome, stop.message, exit_code, log_tail)
     if exit_code == 0 and seen.done:
@@ -73,6 +82,8 @@ def classify(exit_code: int | None, seen: Observed, stop: StopCause | None, log_
         )
     if exit_code == 0 and seen.stopped_reason == "pause":
         return AttemptResult(Outcome.PAUSED, "paused after a checkpoint", exit_code, log_tail)
+    if ended is not None:
+        return AttemptResult(ended.outcome, ended.message, exit_code, log_tail)
     if seen.error_kind == "user":
         return AttemptResult(Outcome.USER_ERROR, seen.error_message or "user error", exit_code, log_tail)
     rank_codes = rank_exit_codes(log_tail)

@@ -9,7 +9,8 @@ and Slurm's output file is the attempt's log. The worker holds no GPU lease for 
 places it.
 
 The engine state the job row shows (`engine`, `engine_job_id`, `engine_state`) is read from
-this object by the supervisor after every poll of the job row.
+this object by the supervisor after every poll of the job row, and so is `ended`: set when Slurm
+itself ended the job for a reason the exit code cannot carry (its time limit: a timeout).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worker.outcome import Outcome, StopCause
 from worker.slurm_batch import SlurmRequest, batch_script, sbatch_argv
 from worker.slurm_state import SlurmJobState, parse_scontrol
 
@@ -92,6 +94,8 @@ class SlurmJobAttempt:
         self.engine_state: str | None = "PENDING"
         self.log_path = log_path
         self.last: SlurmJobState | None = None
+        # Why Slurm ended the job, where that decides the outcome (`worker.outcome.classify`).
+        self.ended: StopCause | None = None
         self._exit_code: int | None = None
         self._polled_at = 0.0
         self._unreachable = False
@@ -160,6 +164,11 @@ class SlurmJobAttempt:
         self.engine_state = state.shown_state
         if state.terminal:
             self._exit_code = state.attempt_exit_code()
+            if state.timed_out:
+                limit = f" ({state.time_limit})" if state.time_limit else ""
+                why = f"timeout: Slurm ended job {self.engine_job_id} at its time limit{limit}"
+                why += ", set from timeout_seconds"
+                self.ended = StopCause(Outcome.TIMEOUT, why)
         return self._exit_code
 
     @property

@@ -6,6 +6,10 @@ hits NODE_FAIL or PREEMPTED is put back in the queue by Slurm: it reads PENDING 
 higher restart count, and its batch script resumes from the newest checkpoint. Only where Slurm
 does not requeue (a cluster with `JobRequeue=0`, a partition whose preemption cancels) do those
 states end the attempt, as infra failures the worker retries from the checkpoint itself.
+
+TIMEOUT is different: Slurm ended the job at its time limit, which the worker set from what was
+left of the job's `timeout_seconds`. It ends the job as the supervisor's own timeout does (failed,
+error kind "timeout", no retry): retrying would only run into the same limit again.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ ENDED_BY_SIGNAL = {  # -> the exit code of a process killed by that signal: an i
     "SPECIAL_EXIT": -signal.SIGTERM,
 }
 FAILED = "FAILED"
+# The job's time limit (`--time`, from timeout_seconds): the job's own timeout, not an infra failure.
+TIME_LIMIT = "TIMEOUT"
 TERMINAL = frozenset({SUCCEEDED, FAILED, *ENDED_BY_SIGNAL})
 # Shown while a requeued job waits for its next run (Slurm's own word for the passage).
 REQUEUED = "REQUEUED"
 
-_FIELD = re.compile(r"(?:^|\s)(JobId|JobState|Reason|Restarts|ExitCode|NodeList)=(\S*)")
+_FIELD = re.compile(r"(?:^|\s)(JobId|JobState|Reason|Restarts|ExitCode|NodeList|TimeLimit)=(\S*)")
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class SlurmJobState:
     exit_code: int = 0  # of the batch script
     exit_signal: int = 0  # the signal that ended it, if one did
     nodes: str = ""
+    time_limit: str = ""  # as Slurm shows it, e.g. 00:05:00 or UNLIMITED
 
     @property
     def terminal(self) -> bool:
@@ -58,6 +65,11 @@ class SlurmJobState:
     def shown_state(self) -> str:
         """The word the job row shows: Slurm's state, REQUEUED while a requeued job waits."""
         return REQUEUED if self.requeued else self.state
+
+    @property
+    def timed_out(self) -> bool:
+        """Ended by its time limit: the supervisor ends the job as a timeout (see the module doc)."""
+        return self.state == TIME_LIMIT
 
     def attempt_exit_code(self) -> int:
         """The exit code `worker.outcome.classify` reads for a terminal state."""
@@ -86,5 +98,6 @@ def parse_scontrol(text: str) -> SlurmJobState | None:
             exit_code=int(code or 0),
             exit_signal=int(sig or 0),
             nodes=fields.get("NodeList", ""),
+            time_limit=fields.get("TimeLimit", ""),
         )
     return None

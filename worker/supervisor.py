@@ -151,7 +151,9 @@ class Supervisor:
         run.reap()
         self._pump()
         tail = read_tail(self.paths.log, LOG_TAIL_BYTES)
-        self._finish(classify(exit_code, self.seen, stop, tail))
+        # A cluster engine that ended the job itself says why (Slurm's time limit: a timeout).
+        ended: StopCause | None = getattr(run, "ended", None)
+        self._finish(classify(exit_code, self.seen, stop, tail, ended))
 
     def _slurm_submitter(self) -> SlurmSubmitter | None:
         if not self.settings.slurm:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 from test_api_support import *  # noqa: F403
 from test_api_support import Api, spec_body
 
@@ -23,11 +24,14 @@ from jobcore.settings import Settings
 from worker.agent import WorkerAgent
 from worker.attempt import AttemptTarget, start_attempt
 from worker.claim import claim_next_job
+from worker.ingest import Observed
 from worker.launch import AttemptPaths, torchrun_argv
-from worker.slurm_attempt import SlurmCommands, cancel_earlier, cancel_lost_job
+from worker.outcome import Outcome, classify
+from worker.slurm_attempt import SlurmCommands, SlurmJobAttempt, cancel_earlier, cancel_lost_job
 from worker.slurm_batch import batch_script, sbatch_argv, split_torchrun_argv
-from worker.slurm_launcher import slurm_request
+from worker.slurm_launcher import slurm_request, submit_slurm_attempt
 from worker.slurm_state import parse_scontrol
+from worker.supervisor import Assignment, Supervisor
 
 SLURM_SPEC: dict[str, Any] = {
     "model": {"config": {}},
@@ -170,7 +174,8 @@ def test_slurm_states_map_to_the_supervisor_exit_codes() -> None:
     assert state("FAILED", "2:0").attempt_exit_code() == 2  # the runner's user error
     assert state("FAILED", "0:9").attempt_exit_code() == -9
     for ended in ("CANCELLED", "NODE_FAIL", "PREEMPTED", "TIMEOUT"):
-        assert state(ended).terminal and state(ended).attempt_exit_code() < 0  # infra: retried
+        assert state(ended).terminal and state(ended).attempt_exit_code() < 0
+        assert state(ended).timed_out == (ended == "TIMEOUT")  # a timeout; the rest: infra, retried
     assert not state("RUNNING").terminal and state("RUNNING").shown_state == "RUNNING"
     requeued = state("PENDING", restarts=1)
     assert not requeued.terminal and requeued.shown_state == "REQUEUED"
@@ -212,3 +217,80 @@ def test_what_an_earlier_or_lost_attempt_left_in_slurm_is_cancelled(tmp_path: Pa
     cancel_earlier(commands, "twinkle-job-1")  # nothing queued: nothing cancelled
     cancel_lost_job(commands, "job-2")
     assert calls.read_text().splitlines() == ["scancel --name=twinkle-job-1", "scancel --name=twinkle-job-2"]
+
+
+def fake_slurm(bin_dir: Path, job_state: str) -> Path:
+    """sbatch that records its arguments and answers job 77; scontrol that says `job_state`."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    calls = bin_dir / "calls"
+    scontrol = (
+        f"JobId=77 JobName=twinkle-x JobState={job_state} Reason=None Restarts=0 ExitCode=0:15 "
+        "TimeLimit=00:01:00 NodeList=twinkle[1-2]"
+    )
+    for name, body in (
+        ("sbatch", f'echo "sbatch $*" >> {calls}; echo 77'),
+        ("scontrol", f"echo '{scontrol}'"),
+        ("squeue", "true"),
+        ("scancel", f'echo "scancel $*" >> {calls}'),
+    ):
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return calls
+
+
+def test_the_project_slurm_account_goes_to_sbatch(settings: Settings, tmp_path: Path) -> None:
+    calls = fake_slurm(tmp_path / "bin", "PENDING")
+    configured = settings.model_copy(update={"slurm_bin_dir": str(tmp_path / "bin"), "slurm_account": "all"})
+    charged = add_job(settings, SLURM_SPEC, project="vision")
+    with session_scope(settings.resolved_database_url) as session:
+        project = session.scalars(select(Project).where(Project.name == "vision")).one()
+        project.slurm_account = "vision-lab"
+    fallback = add_job(settings, SLURM_SPEC, project="nlp")  # no account of its own
+    for job_id in (charged, fallback):
+        paths = AttemptPaths(settings.jobs_dir / job_id, 1)
+        attempt = submit_slurm_attempt(configured, job_id, paths, ["torchrun", "-m", "r", "spec.json"], {})
+        assert attempt.engine_job_id == "77"
+    submitted = calls.read_text().splitlines()
+    assert "--account=vision-lab" in submitted[0].split() and "--account=all" in submitted[1].split()
+
+
+@pytest.mark.parametrize(
+    ("job_state", "status", "kind", "attempts"),
+    [("TIMEOUT", "failed", "timeout", 1), ("NODE_FAIL", "queued", "infra", 1)],
+)
+def test_a_slurm_timeout_fails_the_job_like_its_own_timeout(
+    settings: Settings, tmp_path: Path, job_state: str, status: str, kind: str, attempts: int
+) -> None:
+    """Slurm's TIMEOUT (the time limit set from timeout_seconds) fails the job as a timeout, with no
+    retry; a NODE_FAIL that Slurm did not requeue is an infra failure, retried from the checkpoint."""
+    fake_slurm(tmp_path / "bin", job_state)
+    configured = settings.model_copy(update={"slurm": True, "slurm_bin_dir": str(tmp_path / "bin")})
+    job_id = add_job(settings, SLURM_SPEC, timeout_seconds=60, max_retries=3)
+    with session_scope(settings.resolved_database_url) as session:
+        claimed = claim_next_job(session, "w1", lambda n: False, ("slurm",))
+        assert claimed is not None and claimed.id == job_id
+    supervisor = Supervisor(
+        configured, Assignment(job_id, 1, "w1", [], 4, 1, "slurm"), "twinkle_core.train", lambda s: None
+    )
+    supervisor._supervise()
+    assert supervisor.result is not None and supervisor.result.retryable == (kind == "infra")
+    with session_scope(settings.resolved_database_url) as session:
+        job = session.get_one(Job, job_id)
+        assert (job.status, job.attempt, job.error["kind"]) == (status, attempts, kind), job.error
+        assert job.engine_state == job_state
+        if job_state == "TIMEOUT":
+            assert job.error["message"].startswith("timeout: Slurm ended job 77 at its time limit (00:01:00)")
+
+
+def test_classify_keeps_a_finished_run_over_the_engine_s_word(tmp_path: Path) -> None:
+    """A run that wrote `done` before Slurm's time limit hit its teardown succeeded all the same."""
+    bin_dir = tmp_path / "bin"
+    fake_slurm(bin_dir, "TIMEOUT")
+    attempt = SlurmJobAttempt(SlurmCommands(str(bin_dir)), "77", tmp_path / "a.log")
+    assert attempt.wait() == -15 and attempt.ended is not None
+    assert classify(-15, Observed(), None, "", attempt.ended).outcome == Outcome.TIMEOUT
+    final = tmp_path / "step-4"
+    final.mkdir()
+    (final / "COMPLETE").write_text("")
+    done = Observed(done=True, final_checkpoint=str(final))
+    assert classify(-15, done, None, "", attempt.ended).outcome == Outcome.SUCCEEDED
