@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from jobcore.settings import Settings
-from twinkle_core.checkpoint import COMPLETE_MARKER
+from twinkle_core.checkpoint import CHECKPOINTS_DIR, COMPLETE_MARKER, is_complete
 
 S3_SCHEME = "s3://"
 
@@ -124,6 +124,17 @@ def store_for(location: str, settings: Settings) -> S3Store:
     """A client for the bucket a recorded location names (it may predate the current setting)."""
     bucket, _ = split_s3_url(location)
     return S3Store(f"{S3_SCHEME}{bucket}", settings.s3_endpoint_url)
+
+
+def local_copy(location: str, job_dir: Path, store: S3Store | None, settings: Settings) -> Path:
+    """A checkpoint of object storage as `<job_dir>/checkpoints/step-N` on this host: downloaded
+    (marker last) unless a complete copy is already there. A resuming worker (node 0 and the other
+    nodes of a gang), an export and a serving host all read a stored checkpoint through it."""
+    target = job_dir / CHECKPOINTS_DIR / location.rstrip("/").rsplit("/", 1)[-1]
+    if not is_complete(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (store or store_for(location, settings)).download(location, target)
+    return target
 
 
 def iter_files(store: S3Store, location: str) -> Iterator[tuple[StoredFile, IO[bytes]]]:

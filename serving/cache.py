@@ -1,6 +1,7 @@
 """The models a host keeps loaded: least recently used first out, bounded by parameter bytes.
 
-Loads run in a thread of their own and outlive the request that started them: a request waits
+Loads (a checkpoint kept in object storage is fetched first, as part of its load) run in a
+thread of their own and outlive the request that started them: a request waits
 for its model at most the load timeout, then gets a 503 with Retry-After while the load goes on,
 and the next request for it finds it loaded (or joins the same load; a model is never loaded
 twice at once). Room is made before a load, from its size on disk, so the old models and the new
@@ -37,7 +38,9 @@ class ModelCache:
         estimate: Callable[[Target], int],
         release: Callable[[LoadedModel], None],
         memory_bytes: int,
+        fetch: Callable[[Target], None] | None = None,
     ) -> None:
+        self._fetch_fn = fetch  # brings a checkpoint of object storage onto this host first
         self._load_fn = load
         self._estimate_fn = estimate
         self._release_fn = release
@@ -88,6 +91,8 @@ class ModelCache:
 
     async def _load(self, target: Target) -> LoadedModel:
         loop = asyncio.get_running_loop()
+        if self._fetch_fn is not None:
+            await loop.run_in_executor(self._executor, self._fetch_fn, target)
         estimate = await loop.run_in_executor(self._executor, self._estimate_fn, target)
         self._make_room(estimate)
         self._reserved += estimate

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -57,7 +57,9 @@ class Limits:
 
 
 class Engine:
-    def __init__(self, backend: Backend, limits: Limits) -> None:
+    def __init__(
+        self, backend: Backend, limits: Limits, fetch: Callable[[Target], None] | None = None
+    ) -> None:
         self.backend = backend
         self.limits = limits
         self.cache = ModelCache(
@@ -65,6 +67,7 @@ class Engine:
             estimate=backend.estimate_bytes,
             release=backend.release,
             memory_bytes=limits.memory_bytes,
+            fetch=fetch,
         )
         self._slots = asyncio.Semaphore(limits.slots)
         self.busy = 0

@@ -22,6 +22,7 @@ from jobcore.db.migrate import wait_for_schema
 from jobcore.settings import Settings
 from serving.app import create_app
 from serving.engine import Backend, Engine, Limits
+from serving.fetch import fetcher
 from serving.registry import HostRegistry
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def build_engine(settings: Settings, backend: Backend | None = None) -> Engine:
         slots=settings.serving_slots,
         slot_timeout=settings.serving_slot_timeout,
     )
-    return Engine(backend, limits)
+    return Engine(backend, limits, fetch=fetcher(settings))
 
 
 def build_app(settings: Settings, engine: Engine, registry: HostRegistry | None) -> FastAPI:

@@ -16,9 +16,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jobcore.db.models import Checkpoint
-from jobcore.settings import Settings
-from jobcore.storage import S3Store, is_remote, store_for
-from twinkle_core.checkpoint import CHECKPOINTS_DIR, is_complete, retained
+from jobcore.storage import S3Store, is_remote
+from jobcore.storage import local_copy as local_copy  # where the supervisor and exports take it
+from twinkle_core.checkpoint import CHECKPOINTS_DIR, retained
 
 
 def dir_size(path: Path) -> int:
@@ -62,17 +62,6 @@ def prune_checkpoints(session: Session, job_id: str, limit: int | None) -> list[
     return doomed
 
 
-def local_copy(location: str, job_dir: Path, store: S3Store | None, settings: Settings) -> Path:
-    """A checkpoint of object storage as `<job_dir>/checkpoints/step-N` on this host: downloaded
-    (marker last) unless a complete copy is already there. Node 0 and the other nodes of a gang
-    both resume through it."""
-    target = job_dir / CHECKPOINTS_DIR / location.rstrip("/").rsplit("/", 1)[-1]
-    if not is_complete(target):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        (store or store_for(location, settings)).download(location, target)
-    return target
-
-
 def remove_dirs(paths: list[Path]) -> None:
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
@@ -83,5 +72,5 @@ def remove_stored_checkpoints(locations: list[str], job_dir: Path, store: S3Stor
     for location in locations:
         if store is not None:
             store.delete(location)
-        local_copy = job_dir / CHECKPOINTS_DIR / location.rstrip("/").rsplit("/", 1)[-1]
-        shutil.rmtree(local_copy, ignore_errors=True)
+        copy = job_dir / CHECKPOINTS_DIR / location.rstrip("/").rsplit("/", 1)[-1]
+        shutil.rmtree(copy, ignore_errors=True)

@@ -33,7 +33,9 @@ class ServedModel:
     name: str  # as the client spelled it: OpenAI answers echo the requested model
     job_id: str
     step: int
-    checkpoint: str  # the checkpoint directory, absolute
+    # The checkpoint directory, absolute; or its s3:// location when it is kept in object storage
+    # (the host then fetches it into its jobs root first).
+    checkpoint: str
     base_model: str | None  # a LoRA job's base (`model_id`, a path under an allowed root or a hub id)
     # How the job built that base (its spec's model section), for the host to build it the same.
     base_model_cls: str | None = None
@@ -47,6 +49,8 @@ class ServedModel:
             "base_model": self.base_model,
             "model": self.name,
         }
+        if storage.is_remote(self.checkpoint):
+            target["job_id"] = self.job_id  # where the host puts its copy: the job's directory
         if self.base_model is not None:
             target.update(
                 base_model_cls=self.base_model_cls, base_config=self.base_config, base_kwargs=self.base_kwargs
@@ -80,9 +84,6 @@ def _base_of(job: Job) -> dict[str, Any]:
 
 
 def _served(model: str, job: Job, checkpoint: Checkpoint) -> ServedModel:
-    if storage.is_remote(checkpoint.path):
-        # Serving hosts load from the shared jobs directory; object storage is not read by them.
-        raise _unknown(model, "its checkpoint is in object storage, which serving hosts do not load from")
     return ServedModel(
         name=model,
         job_id=job.id,

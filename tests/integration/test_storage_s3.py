@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import socket
 import tarfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,3 +153,64 @@ def test_a_node_without_the_resume_checkpoint_downloads_it_from_object_storage(
         assert local_resume_point(settings, session, job_id, str(node0_ckpt)) == str(local)
         with pytest.raises(FileNotFoundError, match="step-6"):
             local_resume_point(settings, session, job_id, str(node0_ckpt.parent / "step-6"))
+
+
+def test_a_serving_host_fetches_a_checkpoint_kept_only_in_object_storage(
+    tmp_path: Path, s3_endpoint: str, tiny_model_dir: Path
+) -> None:
+    # The host's jobs root has nothing of the job: the checkpoint is only in the bucket (as with
+    # TWINKLE_ARTIFACT_URL after the worker's copy is gone). Its first request waits the load
+    # timeout (here none) and gets 503 with Retry-After while the fetch and load go on; then it
+    # answers, from the copy in the job's directory. A location without objects is 404.
+    import dataclasses
+
+    import httpx
+    from serving_host import SECRET, make_checkpoint, running_host
+
+    from jobcore.settings import Settings
+    from jobcore.storage import S3Store
+    from serving.app import create_app
+    from serving.engine import Engine, Limits
+    from serving.fetch import fetcher
+    from serving.generation import TransformersBackend
+
+    bucket = f"twinkle-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    store = S3Store(f"s3://{bucket}/prod", s3_endpoint)
+    trained = make_checkpoint(tiny_model_dir, tmp_path / "worker-jobs", "job-s3", lora=False)
+    location = store.upload_checkpoint("job-s3", trained)
+    shutil.rmtree(tmp_path / "worker-jobs")
+
+    settings = Settings(data_dir=tmp_path / "host", s3_endpoint_url=s3_endpoint)
+    limits = Limits(memory_bytes=2**30, load_timeout=0, slots=1, slot_timeout=5)
+    engine = Engine(TransformersBackend(), limits, fetch=fetcher(settings))
+    app = create_app(engine, secret=SECRET, jobs_root=settings.jobs_dir, allowed_roots=[])
+
+    def complete(checkpoint: str, job_id: str = "job-s3") -> httpx.Response:
+        body = {
+            "model": "ft:s3",
+            "prompt": "the cat",
+            "max_tokens": 4,
+            "twinkle": {"checkpoint": checkpoint, "job_id": job_id, "model": "ft:s3"},
+        }
+        headers = {"Authorization": f"Bearer {SECRET}"}
+        return httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=60)
+
+    with running_host(app) as url:
+        first = complete(location)
+        assert first.status_code == 503 and first.json()["error"]["code"] == "model_loading"
+        assert first.headers["retry-after"]
+        deadline = time.monotonic() + 60
+        while (answer := complete(location)).status_code == 503 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == "ft:s3" and answer.json()["choices"][0]["text"] is not None
+        copy = settings.jobs_dir / "job-s3" / "checkpoints" / trained.name
+        assert (copy / "COMPLETE").is_file()
+        assert engine.health()["models"][0]["checkpoint"] == location  # named as the server named it
+
+        engine.limits = dataclasses.replace(limits, load_timeout=30)
+        gone = complete(location.replace(trained.name, "step-99"))
+        assert gone.status_code == 404 and gone.json()["error"]["param"] == "twinkle.checkpoint"
+        bad = complete(location, job_id="../elsewhere")
+        assert bad.status_code == 422 and bad.json()["error"]["param"] == "twinkle.job_id"
