@@ -136,6 +136,13 @@ class ServingSettings(_Environment):
         default=30.0, ge=0, description="How long a request waits for a free generation slot (then 503)"
     )
     serving_heartbeat_seconds: float = Field(default=5.0, gt=0)
+    serving_gpus: int = Field(
+        default=1,
+        ge=0,
+        description="GPUs the host leases from its machine's pool (TWINKLE_WORKER_GPUS, else the GPUs "
+        "it sees), like a training job; waits while they are all leased; 0, or a machine without "
+        "GPUs: none, serve on the CPU",
+    )
     serving_engine: Literal["auto", "transformers", "vllm"] = Field(
         default="auto", description="auto: vLLM when it imports on a CUDA host, else transformers"
     )

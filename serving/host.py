@@ -1,8 +1,10 @@
 """The serving host process (`twinkle-jobs serve`): the engine, its HTTP app on its own port,
 and its registration in SQL, heartbeated until the process stops.
 
-The backend is chosen once at start: vLLM when `serving_engine` says so, or when it is `auto`
-and vLLM imports on a CUDA host; transformers otherwise (any CPU or GPU).
+Before anything touches CUDA, the host leases its GPUs from the machine's pool like a training
+job (`serving.gpus`) and sees only those. The backend is chosen once at start: vLLM when
+`serving_engine` says so, or when it is `auto` and vLLM imports on a CUDA host; transformers
+otherwise (any CPU or GPU).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import os
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,6 +26,7 @@ from jobcore.settings import Settings
 from serving.app import create_app
 from serving.engine import Backend, Engine, Limits
 from serving.fetch import fetcher
+from serving.gpus import ServingGpus
 from serving.registry import HostRegistry
 
 log = logging.getLogger(__name__)
@@ -118,21 +122,31 @@ def run_host(settings: Settings, **uvicorn_options: Any) -> None:
     sock = bind(settings.serving_host, settings.serving_port)
     port = sock.getsockname()[1]
     url = settings.serving_url or f"http://{advertised_host(settings.serving_host)}:{port}"
-    engine = build_engine(settings)
-    registry = HostRegistry(
-        settings.resolved_database_url,
-        url=url,
-        engine=engine.backend.name,
-        memory_bytes=engine.limits.memory_bytes,
-        slots=engine.limits.slots,
-    )
-    app = build_app(settings, engine, registry)
-    log.info(
-        "serving host on %s: %s engine, %d slots, %d MB for models",
-        url,
-        engine.backend.name,
-        engine.limits.slots,
-        engine.limits.memory_bytes // 2**20,
-    )
-    config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10, **uvicorn_options)
-    uvicorn.Server(config).run(sockets=[sock])
+    # The GPUs first, before anything initialises CUDA: the engine sees only the leased ones.
+    gpus = ServingGpus.from_settings(settings)
+    leased = gpus.acquire()
+    if leased:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(leased)
+    try:
+        engine = build_engine(settings)
+        registry = HostRegistry(
+            settings.resolved_database_url,
+            url=url,
+            engine=engine.backend.name,
+            memory_bytes=engine.limits.memory_bytes,
+            slots=engine.limits.slots,
+            gpus=gpus,
+        )
+        app = build_app(settings, engine, registry)
+        log.info(
+            "serving host on %s: %s engine on %s, %d slots, %d MB for models",
+            url,
+            engine.backend.name,
+            f"GPU(s) {','.join(leased)}" if leased else "the CPU",
+            engine.limits.slots,
+            engine.limits.memory_bytes // 2**20,
+        )
+        config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10, **uvicorn_options)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        gpus.release()  # the lifespan's deregister did, unless the app never started

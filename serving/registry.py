@@ -3,7 +3,8 @@
 Registered at start (replacing the row a previous run at the same URL left), heartbeated with
 the models in memory, removed at a clean stop. A host that dies without stopping leaves its row
 behind; its heartbeat goes stale and the server stops choosing it, and the next host to register
-anywhere removes rows that have been silent for a day.
+anywhere removes rows that have been silent for a day. The host's GPU lease (`serving.gpus`)
+lives and ends with the row: refreshed by the heartbeat, released at the stop.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sqlalchemy import delete, update
 
 from jobcore.db.models import ServingHost, utcnow
 from jobcore.db.session import session_scope
+from serving.gpus import ServingGpus
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +25,18 @@ FORGET_AFTER = timedelta(days=1)
 
 
 class HostRegistry:
-    def __init__(self, database_url: str, *, url: str, engine: str, memory_bytes: int, slots: int) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        url: str,
+        engine: str,
+        memory_bytes: int,
+        slots: int,
+        gpus: ServingGpus | None = None,
+    ) -> None:
         self.database_url = database_url
+        self.gpus = gpus  # the GPU lease, refreshed with the heartbeat and released at a stop
         self.url = url
         self.engine = engine
         self.memory_bytes = memory_bytes
@@ -53,6 +65,8 @@ class HostRegistry:
                 .where(ServingHost.id == self.host_id)
                 .values(heartbeat_at=utcnow(), loaded=loaded, loaded_bytes=loaded_bytes)
             ).rowcount  # type: ignore[attr-defined]
+        if self.gpus is not None:
+            self.gpus.refresh()
         if not changed:
             # Removed under us (an operator's clean-up, a newer run at this URL): register again.
             log.warning("serving host %s was unregistered; registering again", self.host_id)
@@ -60,6 +74,8 @@ class HostRegistry:
             self.heartbeat(loaded, loaded_bytes)
 
     def deregister(self) -> None:
+        if self.gpus is not None:
+            self.gpus.release()
         if self.host_id is None:
             return
         with session_scope(self.database_url) as session:

@@ -14,8 +14,10 @@ import threading
 import time
 
 from sqlalchemy import update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from jobcore import gpu_leases
 from jobcore.db.models import WorkerNode, utcnow
 from jobcore.db.session import session_scope
 from jobcore.jobs.engine import ENGINES
@@ -104,6 +106,8 @@ class WorkerAgent:
         for sup in supervisors:
             sup.thread.join(max(0.0, deadline - time.monotonic()))
         reconciler.mark_offline(self.settings, self.worker_id)
+        with session_scope(self.db) as session:
+            gpu_leases.release(session, self.worker_id)  # a supervisor still stopping holds nothing
 
     # -- claiming ------------------------------------------------------------------------------
 
@@ -111,6 +115,7 @@ class WorkerAgent:
         """Claim and launch queued jobs while GPUs or slots are free; returns how many."""
         launched = 0
         with self._claim_lock:
+            self._read_reserved_gpus()
             # A job handed to a cluster engine takes no lease: a worker with an engine claims
             # those even when its own GPUs are all leased.
             while not self._stopping.is_set() and (self.ledger.has_capacity() or self._hands_off_jobs):
@@ -123,47 +128,86 @@ class WorkerAgent:
             log.debug("wake-up for %s: nothing this worker can claim", hint)
         return launched
 
-    def _claim_one(self) -> Supervisor | NodeSupervisor | None:
+    def _read_reserved_gpus(self) -> None:
+        """The GPUs of this machine that other processes (a serving host, another worker) hold,
+        so that `fits` leaves them out: read before each round of claims. A race with one taken
+        after this read ends in the claim's insert failing (`_claim_one`)."""
+        if not self.ledger.uses_gpus or self._stopping.is_set():
+            return
         with session_scope(self.db) as session:
-            # Completing a gang that is waiting for nodes goes before leading a new one: two
-            # half-formed gangs waiting on each other would both time out.
-            node = self._join_gang(session)
-            if node is not None:
-                self.supervisors[node.job_id] = node
-                return node
-            job = claim_next_job(session, self.worker_id, self.ledger.fits, self.launchers)
-            if job is None:
-                return None
-            resources = resources_of(job.spec)
-            nproc, nnodes = resources.nproc_per_node, resources.nnodes
-            if resources.launcher in ENGINES:
-                # The engine places every node on its own cluster (a Ray placement group): no
-                # lease on this worker, and no gang of workers to lead.
-                gpu_ids, nnodes = [], 1
-            else:
-                if nnodes > 1:
-                    gang.lead(session, job, self.worker_id, self.host, self.settings.rendezvous_address)
-                lease = self.ledger.acquire(job.id, nproc)
-                assert lease is not None, "claim_next_job only returns jobs that fit"
-                gpu_ids = lease.gpu_ids
-            assignment = Assignment(
-                job.id, job.attempt, self.worker_id, gpu_ids, nproc, nnodes, resources.launcher
+            held = gpu_leases.held_elsewhere(
+                session, self.host, self.worker_id, self.settings.stale_after_seconds
             )
-            sup = Supervisor(self.settings, assignment, self.runner, self._on_supervisor_exit)
-            self.supervisors[job.id] = sup
-        # Committed: the job is ours. (An exception above rolled the claim back; release then.)
+        self.ledger.reserve(held)
+
+    def _claim_one(self) -> Supervisor | NodeSupervisor | None:
+        claimed: list[str] = []  # the job whose lease to give back if the claim does not commit
+        try:
+            with session_scope(self.db) as session:
+                # Completing a gang that is waiting for nodes goes before leading a new one: two
+                # half-formed gangs waiting on each other would both time out.
+                node = self._join_gang(session, claimed)
+                if node is not None:
+                    self.supervisors[node.job_id] = node
+                    return node
+                job = claim_next_job(session, self.worker_id, self.ledger.fits, self.launchers)
+                if job is None:
+                    return None
+                resources = resources_of(job.spec)
+                nproc, nnodes = resources.nproc_per_node, resources.nnodes
+                if resources.launcher in ENGINES:
+                    # The engine places every node on its own cluster (a Ray placement group): no
+                    # lease on this worker, and no gang of workers to lead.
+                    gpu_ids, nnodes = [], 1
+                else:
+                    if nnodes > 1:
+                        gang.lead(session, job, self.worker_id, self.host, self.settings.rendezvous_address)
+                    gpu_ids = self._lease(session, job.id, nproc, claimed)
+                assignment = Assignment(
+                    job.id, job.attempt, self.worker_id, gpu_ids, nproc, nnodes, resources.launcher
+                )
+                sup = Supervisor(self.settings, assignment, self.runner, self._on_supervisor_exit)
+                self.supervisors[job.id] = sup
+        except Exception as exc:
+            # The claim rolled back: the job is not ours, nor its GPUs.
+            for job_id in claimed:
+                self.supervisors.pop(job_id, None)
+                self.ledger.release(job_id)
+            if isinstance(exc, IntegrityError):
+                # Another process of this machine (a serving host) took one of the GPUs between our
+                # read of its leases and our insert: the next pass chooses again.
+                log.info("GPU lease lost to another process of %s; claiming again", self.host)
+                return None
+            raise
+        # Committed: the job is ours.
         return sup
 
-    def _join_gang(self, session: Session) -> NodeSupervisor | None:
+    def _lease(self, session: Session, job_id: str, nproc: int, claimed: list[str]) -> list[str]:
+        """GPUs (or a CPU slot) from the ledger, recorded in the machine's shared lease table in
+        the claim's transaction."""
+        lease = self.ledger.acquire(job_id, nproc)
+        assert lease is not None, "jobs are claimed or joined only when they fit"
+        claimed.append(job_id)
+        gpu_leases.take(
+            session,
+            self.host,
+            self.worker_id,
+            job_id,
+            gpu_leases.JOB,
+            lease.gpu_ids,
+            self.settings.stale_after_seconds,
+        )
+        return lease.gpu_ids
+
+    def _join_gang(self, session: Session, claimed: list[str]) -> NodeSupervisor | None:
         joined = gang.join_forming_gang(session, self.worker_id, self.host, self.ledger.fits)
         if joined is None:
             return None
         job, member = joined
         resources = resources_of(job.spec)
         nproc = resources.nproc_per_node
-        lease = self.ledger.acquire(job.id, nproc)
-        assert lease is not None, "join_forming_gang only joins jobs that fit"
-        gang.update_member(session, member.id, gpu_ids=lease.gpu_ids or None)
+        gpu_ids = self._lease(session, job.id, nproc, claimed)
+        gang.update_member(session, member.id, gpu_ids=gpu_ids or None)
         return NodeSupervisor(
             self.settings,
             job.id,
@@ -171,7 +215,7 @@ class WorkerAgent:
             member.id,
             member.node_rank,
             resources.nnodes,
-            lease.gpu_ids,
+            gpu_ids,
             nproc,
             self.runner,
             self._on_supervisor_exit,
@@ -180,6 +224,11 @@ class WorkerAgent:
     def _on_supervisor_exit(self, sup: Supervisor | NodeSupervisor) -> None:
         self.supervisors.pop(sup.job_id, None)
         self.ledger.release(sup.job_id)
+        try:
+            with session_scope(self.db) as session:
+                gpu_leases.release(session, self.worker_id, sup.job_id)
+        except Exception:  # not refreshed any more, the row goes stale and frees the GPUs
+            log.exception("could not release the GPU leases of %s", sup.job_id)
         self._webhooks_due.set()  # a terminal job's webhook goes out now, not at the next sweep
         self._wake.set()  # look for more work
 
@@ -213,6 +262,8 @@ class WorkerAgent:
                 .where(WorkerNode.id == self.worker_id)
                 .values(heartbeat_at=utcnow(), status=ONLINE)
             )
+            # Only the running jobs' leases: a row left by a failed release goes stale.
+            gpu_leases.refresh(session, self.worker_id, self.ledger.active_jobs())
 
     def _webhook_loop(self) -> None:
         while not self._stopping.is_set():

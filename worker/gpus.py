@@ -4,37 +4,20 @@ A worker leases `nproc_per_node` GPUs to each job so that jobs sharing a machine
 `CUDA_VISIBLE_DEVICES`. The list comes from `TWINKLE_WORKER_GPUS` when set (tests give a CPU
 worker pretend ids to check the leases), else from `nvidia-smi`, without importing torch.
 A worker without GPUs runs jobs on CPU, `slots` of them at once.
+
+Other processes of the machine (a serving host, another worker) hold GPUs through the shared
+`gpu_leases` table (`jobcore.gpu_leases`); the agent reads them into `reserved` before each claim,
+so that `fits` and `acquire` never hand them to a job.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import threading
 from dataclasses import dataclass, field
 
+from jobcore.gpu_leases import discover_gpus
 
-def discover_gpus(configured: str | None) -> list[str]:
-    """The GPU ids this worker may lease, in order."""
-    if configured is not None:
-        return [g.strip() for g in configured.split(",") if g.strip()]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g.strip() for g in visible.split(",") if g.strip() and g.strip() != "-1"]
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
+__all__ = ["GpuLedger", "Lease", "discover_gpus"]
 
 
 @dataclass
@@ -50,11 +33,17 @@ class GpuLedger:
     gpus: list[str]
     cpu_slots: int
     _leases: dict[str, Lease] = field(default_factory=dict)
+    _reserved: set[str] = field(default_factory=set)  # held by other processes of the machine
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def uses_gpus(self) -> bool:
         return bool(self.gpus)
+
+    def reserve(self, gpu_ids: set[str]) -> None:
+        """Set the GPUs other processes of the machine hold now (replacing the previous set)."""
+        with self._lock:
+            self._reserved = set(gpu_ids)
 
     def free_gpus(self) -> list[str]:
         with self._lock:
@@ -62,7 +51,7 @@ class GpuLedger:
 
     def _free_locked(self) -> list[str]:
         taken = {g for lease in self._leases.values() for g in lease.gpu_ids}
-        return [g for g in self.gpus if g not in taken]
+        return [g for g in self.gpus if g not in taken and g not in self._reserved]
 
     def has_capacity(self) -> bool:
         with self._lock:

@@ -22,6 +22,7 @@ import psutil
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from jobcore import gpu_leases
 from jobcore.db.models import Job, WorkerNode, utcnow
 from jobcore.db.session import session_scope
 from jobcore.jobs.spec import resources_of
@@ -90,6 +91,10 @@ def _mark_dead_workers(session: Session, settings: Settings) -> dict[str, int]:
             live_local[row.id] = row.pid
         if not alive:
             row.status = DEAD
+            gpu_leases.release(session, row.id)  # its jobs are requeued: their GPUs are free
+    # Leases of owners that stopped refreshing them (a worker or serving host that died): they
+    # already hold nothing; deleting them keeps the table to what is held.
+    gpu_leases.drop_stale(session, settings.stale_after_seconds)
     return live_local
 
 

@@ -301,6 +301,26 @@ class ServingHost(Base):
     heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
 
 
+class GpuLease(Base):
+    """A GPU of one machine held by a training job or a serving host (`jobcore.gpu_leases`).
+
+    The primary key makes a GPU one holder's at a time across every process of the machine:
+    workers insert a row for each GPU they give a job in the transaction that claims it, a serving
+    host for each GPU it serves on. The owner refreshes `heartbeat_at`; a row older than
+    `stale_after_seconds` (its owner died) no longer holds the GPU and is replaced by the next
+    taker."""
+
+    __tablename__ = "gpu_leases"
+
+    host: Mapped[str] = mapped_column(String(255), primary_key=True)  # TWINKLE_WORKER_HOST
+    gpu_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)  # the worker or serving host id
+    holder: Mapped[str] = mapped_column(String(64))  # the job id, or the serving host id
+    kind: Mapped[str] = mapped_column(String(16))  # job | serving
+    acquired_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class WebhookDelivery(Base):
     """One attempt-tracked POST of a job's terminal state to its webhook_url."""
 
