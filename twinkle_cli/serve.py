@@ -21,6 +21,12 @@ from jobcore.settings import get_settings
 @click.option(
     "--memory-bytes", type=click.IntRange(min=1), default=None, help="Bound on loaded models' bytes"
 )
+@click.option(
+    "--gpus",
+    type=click.IntRange(min=0),
+    default=None,
+    help="GPUs to lease from this machine's pool; 0: serve on the CPU [TWINKLE_SERVING_GPUS, 1]",
+)
 def serve(
     host: str | None,
     port: int | None,
@@ -28,6 +34,7 @@ def serve(
     engine: str | None,
     slots: int | None,
     memory_bytes: int | None,
+    gpus: int | None,
 ) -> None:
     """Run an inference host: loads fine-tuned checkpoints on demand and keeps the recent ones warm."""
     from serving.host import run_host
@@ -39,6 +46,7 @@ def serve(
         "engine": engine,
         "slots": slots,
         "memory_bytes": memory_bytes,
+        "gpus": gpus,
     }
     update: dict[str, Any] = {f"serving_{name}": value for name, value in chosen.items() if value is not None}
     run_host(get_settings().model_copy(update=update))

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from jobcore.gpu_leases import discover_gpus
 from jobcore.settings import Settings
 
 
@@ -90,7 +91,14 @@ class LocalStack:
         # The server finds the host in the database, so any free port will do unless the operator
         # chose one (TWINKLE_SERVING_PORT): two stacks on one machine must not collide on 8001.
         chosen = "serving_port" in self.settings.model_fields_set
-        return ["serve"] if chosen else ["serve", "--port", "0"]
+        args = ["serve"] if chosen else ["serve", "--port", "0"]
+        # The host leases its GPUs like a training job: on a machine with one GPU it would hold
+        # it for as long as the stack runs and no job could train. Unless the operator chose
+        # (TWINKLE_SERVING_GPUS), it then serves on the CPU and training keeps the GPU.
+        one_gpu = len(discover_gpus(self.settings.worker_gpus)) < 2
+        if one_gpu and "serving_gpus" not in self.settings.model_fields_set:
+            args += ["--gpus", "0"]
+        return args
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
