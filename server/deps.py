@@ -9,13 +9,15 @@ are registered with `after_commit` and run right after the commit.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, TypeVar
 
 import anyio
 from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session
+from fastapi.openapi.models import HTTPBearer as HTTPBearerModel
+from fastapi.security.base import SecurityBase
+from fastapi.security.utils import get_authorization_scheme_param
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from jobcore.settings import Settings
@@ -121,43 +123,67 @@ async def run_read(session: Session, work: Callable[[], T]) -> T:
 SessionDep = Annotated[Session, Depends(_session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
-_bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer <token>`")
+BEARER_DESCRIPTION = "An API token: `Authorization: Bearer <token>`"
 
 
-async def _principal(
-    request: Request,
-    session: SessionDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'", code="missing_token")
-    # A cached principal costs no I/O, so no hop into the thread pool; a miss queries the database.
-    principal = cached_principal(session, credentials.credentials)
-    if principal is None:
-        principal = await run_in_threadpool(authenticate, session, credentials.credentials)
-    if principal is None:
-        raise Unauthorized("invalid or revoked token")
-    if principal.rate_limit_per_minute:
-        limiter: RateLimiter = request.app.state.rate_limits
-        verdict = await limiter.check(principal.token_id, principal.rate_limit_per_minute)
-        request.state.rate_limit = verdict  # the X-RateLimit-* headers (server.common.ratelimit_headers)
-        if not verdict.allowed:
-            raise RateLimited(
-                f"rate limit of {principal.rate_limit_per_minute} requests per minute reached",
-                retry_after=verdict.retry_after or 1,
-            )
-    return principal
-
-
-def require(scope: str) -> Callable[..., Awaitable[Principal]]:
-    """A dependency that authenticates and checks that the token grants `scope`."""
-
-    async def check(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
-        if not principal.has(scope):
-            raise Forbidden(f"this operation needs a token with the '{scope}' scope")
+def _authenticate_alone(session_factory: sessionmaker[Session], plain: str) -> Principal | None:
+    """A cache miss: the token's row on a session of its own, its `last_used_at` stamp committed.
+    Blocking: in a thread."""
+    with session_factory() as session:
+        principal = authenticate(session, plain)
+        session.commit()
         return principal
 
-    return check
+
+class TokenAuth(SecurityBase):
+    """The bearer-token authentication of one scope, as one dependency (`require(scope)`).
+
+    A security scheme of its own rather than FastAPI's `HTTPBearer` plus a principal dependency
+    with a request `Session` and a scope check: solving those four dependencies was the largest
+    part of a cached read's CPU (docs/benchmarks.md, issue 17), and the `Session` was opened and
+    closed for nothing whenever the principal came from the cache. Now a cached principal costs
+    no `Session` and no I/O; a miss authenticates on a session of its own, in one thread hop,
+    committed and closed before the endpoint runs. Every router authenticates this way, so the
+    endpoint's own `SessionDep` (if any) is never the authentication's. OpenAPI documents the
+    same scheme as before (`HTTPBearer`).
+    """
+
+    def __init__(self, scope: str) -> None:
+        self.model = HTTPBearerModel(description=BEARER_DESCRIPTION)
+        self.scheme_name = "HTTPBearer"
+        self.scope = scope
+
+    async def __call__(self, request: Request) -> Principal:
+        scheme, plain = get_authorization_scheme_param(request.headers.get("Authorization"))
+        if scheme.lower() != "bearer" or not plain:
+            raise Unauthorized(
+                "missing bearer token: send 'Authorization: Bearer <token>'", code="missing_token"
+            )
+        principal = cached_principal(request.app.state.engine, plain)
+        if principal is None:
+            principal = await run_in_threadpool(_authenticate_alone, request.app.state.session_factory, plain)
+        if principal is None:
+            raise Unauthorized("invalid or revoked token")
+        if principal.rate_limit_per_minute:
+            limiter: RateLimiter = request.app.state.rate_limits
+            verdict = await limiter.check(principal.token_id, principal.rate_limit_per_minute)
+            request.state.rate_limit = verdict  # the X-RateLimit-* headers (server.common.ratelimit_headers)
+            if not verdict.allowed:
+                raise RateLimited(
+                    f"rate limit of {principal.rate_limit_per_minute} requests per minute reached",
+                    retry_after=verdict.retry_after or 1,
+                )
+        if not principal.has(self.scope):
+            raise Forbidden(f"this operation needs a token with the '{self.scope}' scope")
+        return principal
+
+
+_AUTH = {scope: TokenAuth(scope) for scope in ("read", "write", "admin")}
+
+
+def require(scope: str) -> TokenAuth:
+    """A dependency that authenticates and checks that the token grants `scope`."""
+    return _AUTH[scope]
 
 
 ReadPrincipal = Annotated[Principal, Depends(require("read"))]

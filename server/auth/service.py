@@ -172,11 +172,12 @@ def forget_principals(session: Session) -> None:
     event.listen(session, "after_commit", lambda _session: cache.invalidate(), once=True)
 
 
-def cached_principal(session: Session, plain: str) -> Principal | None:
-    """The principal from this process's cache, without touching the database (None: ask it)."""
+def cached_principal(engine: Engine, plain: str) -> Principal | None:
+    """The principal from this process's cache of the engine's database, without a session or
+    any I/O (None: ask the database, `authenticate`)."""
     if not plain or len(plain) > 512:
         return None
-    principal = _cache(session).get(hash_token(plain))
+    principal = cache_for(engine).get(hash_token(plain))
     return None if principal is None or principal.expired(utcnow()) else principal
 
 
