@@ -205,6 +205,12 @@ def main() -> None:
     (work / f"{phase}-rank{rank}.json").write_text(json.dumps(result, indent=1, default=str))
     dist.barrier()
     dist.destroy_process_group()
+    # Leave without the interpreter's teardown, as twinkle_core.train's entry point does: under
+    # load a rank aborted in C++ static destruction ("terminate called without an active
+    # exception", SIGABRT) after its result was written (CI, 12-04, the four-rank HSDP phase).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
