@@ -337,6 +337,68 @@ def metric_points(db: Db, job_id: str, names: Sequence[str]) -> list[tuple[str, 
     return list(db.execute(_metrics_statement(bool(names)), params).tuples())
 
 
+@lru_cache(maxsize=2)
+def _bucketed_metrics_statement(by_name: bool) -> Select[Any]:
+    """Each series cut into at most `max_points` buckets of consecutive points, in the database:
+    one row per bucket (name, its last step, the sum of its values, its size), so that a long
+    series costs the API the points it returns, not all of them (`downsampled_metric_points`).
+
+    Point r (1-based, in (step, id) order) of a series of n falls in bucket (r*m - 1) // n for
+    m = `max_points`: the b with b*n // m < r <= (b+1)*n // m, the same consecutive buckets as
+    `server.progress.service.downsample` slices (with n <= m, one point each). The sum is a
+    running window sum in (step, id) order, so it adds the same floats in the same order as
+    Python's `sum` over the slice (an aggregate's input order is not defined), and is taken at
+    the bucket's last point: the one whose successor falls in the next bucket.
+    """
+    m = _metrics
+    max_points = bindparam("max_points", type_=m.c.step.type)
+    query = select(
+        m.c.name,
+        m.c.step,
+        m.c.value,
+        func.row_number().over(partition_by=m.c.name, order_by=(m.c.step, m.c.id)).label("r"),
+        func.count().over(partition_by=m.c.name).label("n"),
+    ).where(m.c.job_id == bindparam("job_id"))
+    if by_name:
+        query = query.where(m.c.name.in_(bindparam("names", expanding=True)))
+    numbered = query.subquery()
+    r, n = numbered.c.r, numbered.c.n
+    bucket = (r * max_points - 1) // n
+    summed = select(
+        numbered.c.name,
+        numbered.c.step,
+        r,
+        n,
+        bucket.label("bucket"),
+        func.sum(numbered.c.value)
+        .over(partition_by=(numbered.c.name, bucket), order_by=r, rows=(None, 0))
+        .label("total"),
+    ).subquery()
+    last_of_bucket = or_(
+        summed.c.r == summed.c.n, ((summed.c.r + 1) * max_points - 1) // summed.c.n > summed.c.bucket
+    )
+    size = summed.c.r - (summed.c.bucket * summed.c.n) // max_points  # minus the points before the bucket
+    return (
+        select(summed.c.name, summed.c.step, summed.c.total, size)
+        .where(last_of_bucket)
+        .order_by(summed.c.name, summed.c.r)
+    )
+
+
+def downsampled_metric_points(
+    db: Db, job_id: str, names: Sequence[str], max_points: int
+) -> list[tuple[str, int, float]]:
+    """(name, step, value) of the job's metric series, each averaged into at most `max_points`
+    consecutive buckets (the value at a bucket's last step), by name then step: exactly what
+    `server.progress.service.downsample` makes of `metric_points` (tested), read as only the
+    points returned."""
+    params: dict[str, Any] = {"job_id": job_id, "max_points": max_points}
+    if names:
+        params["names"] = list(names)
+    rows = db.execute(_bucketed_metrics_statement(bool(names)), params)
+    return [(name, step, total / size) for name, step, total, size in rows]
+
+
 def jobs_using_file(session: Session, project_id: str, file_id: str, statuses: Sequence[str]) -> list[Job]:
     """Live jobs of the project whose spec names the file (checked in Python: JSON is per backend)."""
     query = select(Job).where(Job.project_id == project_id, Job.status.in_(list(statuses)))

@@ -88,7 +88,9 @@ def read_events(
 def downsample(points: Sequence[tuple[int, float]], max_points: int | None) -> list[dict[str, Any]]:
     """At most `max_points` (step, value) points: consecutive buckets of steps averaged, each at
     its last step. Averaging (rather than picking every k-th point) keeps the level of a noisy
-    loss curve."""
+    loss curve. The metrics page does this in the database
+    (`server.jobs.repository.downsampled_metric_points`); this is its definition, held to it by
+    the tests."""
     if max_points is None or len(points) <= max_points:
         return [{"step": step, "value": value} for step, value in points]
     out: list[dict[str, Any]] = []
@@ -106,10 +108,13 @@ def read_metrics(
 ) -> dict[str, Any]:
     """The job's metric series as `JobMetrics` serializes it: two statements."""
     _job_of_project(db, principal, job_id)
-    grouped: dict[str, list[tuple[int, float]]] = {}
-    for name, step, value in repository.metric_points(db, job_id, names):
-        grouped.setdefault(name, []).append((step, value))
-    series = {name: downsample(points, max_points) for name, points in grouped.items()}
+    if max_points is None:
+        points = repository.metric_points(db, job_id, names)
+    else:  # downsampled in the database: a long series costs the points returned, not all of them
+        points = repository.downsampled_metric_points(db, job_id, names, max_points)
+    series: dict[str, list[dict[str, Any]]] = {}
+    for name, step, value in points:
+        series.setdefault(name, []).append({"step": step, "value": value})
     return {"object": "job.metrics", "job_id": job_id, "series": series}
 
 

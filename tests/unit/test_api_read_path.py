@@ -318,3 +318,36 @@ def test_reads_on_postgresql_run_on_the_event_loop_not_in_worker_threads(api: Ap
         assert len(in_pool) == len(threads)
     else:
         assert in_pool == []
+
+
+def test_metrics_downsampled_in_the_database_are_exactly_the_python_definition(api: Api) -> None:
+    """The page reads each series bucketed in SQL; the buckets, steps and averages (bit for bit:
+    the same floats added in the same order) are those of `downsample` over every point."""
+    import random
+
+    from jobcore.db.models import JobMetric
+    from server.jobs.repository import metric_points
+    from server.progress.service import downsample
+
+    job = api.submit()
+    rng = random.Random(17)
+    steps = [*rng.sample(range(1, 400), 97), 398, 398]  # a step logged twice (a resume)
+    with api.session() as session, session.begin():
+        for step in sorted(steps):
+            session.add(JobMetric(job_id=job["id"], name="loss", step=step, value=rng.uniform(0.1, 9.7)))
+        for step in range(1, 8):
+            session.add(JobMetric(job_id=job["id"], name="lr", step=step, value=rng.random() / 3))
+    with api.session() as session:
+        everything = metric_points(session, job["id"], [])
+    series = {
+        name: [(step, value) for n, step, value in everything if n == name] for name in ("loss", "lr")
+    }
+    for max_points in (2, 3, 7, 10, 33, 98, 99, 100, 500, None):
+        query = "" if max_points is None else f"?max_points={max_points}"
+        page = api.client.get(f"/v1/jobs/{job['id']}/metrics{query}", headers=api.admin).json()
+        expected = {name: downsample(points, max_points) for name, points in series.items()}
+        assert page["series"] == expected, max_points
+        only_lr = api.client.get(
+            f"/v1/jobs/{job['id']}/metrics?name=lr{query.replace('?', '&')}", headers=api.admin
+        ).json()
+        assert only_lr["series"] == {"lr": expected["lr"]}, max_points
