@@ -339,9 +339,7 @@ def test_metrics_downsampled_in_the_database_are_exactly_the_python_definition(a
             session.add(JobMetric(job_id=job["id"], name="lr", step=step, value=rng.random() / 3))
     with api.session() as session:
         everything = metric_points(session, job["id"], [])
-    series = {
-        name: [(step, value) for n, step, value in everything if n == name] for name in ("loss", "lr")
-    }
+    series = {name: [(step, value) for n, step, value in everything if n == name] for name in ("loss", "lr")}
     for max_points in (2, 3, 7, 10, 33, 98, 99, 100, 500, None):
         query = "" if max_points is None else f"?max_points={max_points}"
         page = api.client.get(f"/v1/jobs/{job['id']}/metrics{query}", headers=api.admin).json()
