@@ -1,9 +1,10 @@
-"""Fixtures shared by the runner's integration tests."""
+"""Fixtures shared by the runner's and the launchers' integration tests."""
 
 from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,3 +21,19 @@ def run_main(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     yield train.main
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
+
+
+@pytest.fixture(scope="session")
+def gang_reference(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, text_dataset: Path
+) -> Iterator[Any]:
+    """The 2-node torchrun gang run of `two_node_spec` (tests/support/two_node_reference.py),
+    started in the background at the first request: one run for every launcher compared with it
+    (Ray, Slurm). `.result()` waits for it and gives its job directory."""
+    from two_node_reference import start_gang_run
+
+    run = start_gang_run(tmp_path_factory.mktemp("gang-reference"), tiny_model_dir, text_dataset)
+    try:
+        yield run
+    finally:
+        run.kill()

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from two_node_reference import GangRun, assert_same_training, two_node_spec
 
 ray = pytest.importorskip(
     "ray", reason="ray is not installed (the optional group: pip install 'twinkle-jobs[ray]')"
@@ -31,7 +31,6 @@ ray = pytest.importorskip(
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-MAX_STEPS = 4
 # `twinkle_core.train` with a hold: the run whose global rank 0 takes the token file after a step
 # from step 2 on waits there, its step-2 checkpoint complete, until it is stopped or paused (the
 # other node's rank waits in its next collective), so a test acts on a job that provably has not
@@ -97,82 +96,7 @@ def dashboard_address() -> Iterator[str]:
 
 
 def job_spec(tiny_model_dir: Path, text_dataset: Path) -> dict[str, Any]:
-    return {
-        "model": {"model_id": str(tiny_model_dir), "mixed_precision": "no"},
-        "data": {"train_file": str(text_dataset), "max_length": 32},
-        "training": {
-            "max_steps": MAX_STEPS,
-            "batch_size": 4,
-            "save_every": 2,
-            "save_total_limit": None,
-            "seed": 7,
-        },
-        "optimizer": {"lr": 1e-3},
-        "resources": {"nnodes": 2, "nproc_per_node": 1, "launcher": "ray"},
-    }
-
-
-def step_losses(job_dir: Path) -> dict[int, float]:
-    """Loss per step from progress.jsonl; a resumed attempt's lines replace the lost ones."""
-    losses = {}
-    for line in (job_dir / "progress.jsonl").read_text().splitlines():
-        event = json.loads(line)
-        if event["event"] == "step":
-            losses[event["step"]] = event["loss"]
-    return losses
-
-
-def final_weights(job_dir: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    checkpoint = job_dir / "checkpoints" / f"step-{MAX_STEPS}"
-    assert (checkpoint / "COMPLETE").exists(), sorted(p.name for p in checkpoint.parent.iterdir())
-    weights: dict[str, Any] = {}
-    for path in sorted(checkpoint.glob("*.safetensors")):
-        weights.update(load_file(str(path)))
-    assert weights
-    return weights
-
-
-class GangRun:
-    """The reference run, started in the background: it trains while the Ray job does."""
-
-    def __init__(self, job_dir: Path, procs: list[subprocess.Popen[bytes]]) -> None:
-        self.job_dir, self.procs = job_dir, procs
-
-    def result(self) -> Path:
-        codes = [proc.wait(timeout=300) for proc in self.procs]
-        assert codes == [0, 0], (self.job_dir / "logs" / "attempt-1.log").read_text()[-3000:]
-        return self.job_dir
-
-
-@pytest.fixture(scope="module")
-def gang_reference(
-    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, text_dataset: Path
-) -> Iterator[GangRun]:
-    """The same spec as a 2-node torchrun gang (what worker.gang's nodes run), on loopback."""
-    from worker.launch import AttemptPaths, Rendezvous, free_port, resolve_torchrun, runner_env, torchrun_argv
-
-    job_dir = tmp_path_factory.mktemp("gang-reference")
-    spec = job_spec(tiny_model_dir, text_dataset)
-    spec["resources"]["launcher"] = "torchrun"
-    (job_dir / "spec.json").write_text(json.dumps(spec))
-    port, procs = free_port(), []
-    for node in (0, 1):
-        paths = AttemptPaths(job_dir, 1, node)
-        rendezvous = Rendezvous(2, node, "127.0.0.1", port, join_timeout_seconds=120)
-        argv = torchrun_argv(resolve_torchrun("torchrun"), 1, paths, None, "twinkle_core.train", rendezvous)
-        env = {**runner_env("gang", job_dir, []), "HF_HUB_OFFLINE": "1"}
-        paths.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(paths.log, "wb") as log:
-            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
-    try:
-        yield GangRun(job_dir, procs)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    return two_node_spec(tiny_model_dir, text_dataset, "ray")
 
 
 class RayService:
@@ -278,7 +202,6 @@ def test_a_node_killed_mid_run_resumes_to_the_gang_result(
     ray_service: RayService, gang_reference: GangRun, tiny_model_dir: Path, text_dataset: Path
 ) -> None:
     import psutil
-    import torch
 
     ray_service.token.write_text("hold")
     job_id = ray_service.submit(job_spec(tiny_model_dir, text_dataset), max_retries=1)
@@ -306,12 +229,7 @@ def test_a_node_killed_mid_run_resumes_to_the_gang_result(
     assert [ray_service.placement_group(job_id, n).state for n in (1, 2)] == ["REMOVED", "REMOVED"]
 
     # The same run as a 2-node torchrun gang: every step's loss, and the final weights bit for bit.
-    gang = gang_reference.result()
-    assert step_losses(ray_service.job_dir(job_id)) == step_losses(gang)
-    assert sorted(step_losses(gang)) == list(range(1, MAX_STEPS + 1))
-    expected, got = final_weights(gang), final_weights(ray_service.job_dir(job_id))
-    assert expected.keys() == got.keys()
-    assert [name for name in expected if not torch.equal(expected[name], got[name])] == []
+    assert_same_training(ray_service.job_dir(job_id), gang_reference.result())
     assert node_processes(ray_service.job_dir(job_id)) == []
 
 

@@ -4,12 +4,14 @@ slurmctld and two slurmd emulating nodes twinkle1 and twinkle2, partitions `twin
 
 The service (API server + worker, subprocesses, SQLite) with TWINKLE_SLURM=1 hands jobs to
 Slurm; nothing is mocked:
-- a 2-node job runs as one Slurm job (srun starts a torchrun per node) and ends `succeeded`,
-  with the Slurm job's id and state on the job;
+- a 2-node job runs as one Slurm job (srun starts a torchrun per node), charged to its project's
+  Slurm account, and ends `succeeded`, with the Slurm job's id and state on the job and the
+  losses and final weights (bit for bit) of a 2-node torchrun gang of the same spec;
 - a pause reaches the ranks through Slurm (they checkpoint and exit), a resume submits a new
   Slurm job, and a cancel through the API `scancel`s it: `cancelled`, squeue lists nothing of it;
-- a preemption (an `urgent` job taking both nodes) makes Slurm requeue it; it resumes from its
-  checkpoint within the same attempt of ours and ends bitwise equal to the uninterrupted run.
+- a preemption (an `urgent` job taking both nodes) and a node failure (one node set DOWN) each
+  make Slurm requeue the job; it resumes from its checkpoint within the same attempt of ours and
+  ends bitwise equal to the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from two_node_reference import MAX_STEPS, GangRun, assert_same_training, two_node_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(600)]
 
-MAX_STEPS = 4
 HOLD_STEP = 2
+PROJECT_ACCOUNT = "twinkle-lab"  # the default project's slurm_account (the reference job's)
+WORKER_ACCOUNT = "twinkle-fallback"  # TWINKLE_SLURM_ACCOUNT: for a project without one
 
 # `twinkle_core.train` with a hold, so that a test acts on a job that provably has not finished:
 # a run whose rank 0 takes the token file (an atomic rename) after a step >= HOLD_STEP (its step-2
@@ -133,6 +137,7 @@ def slurm_service(
         TWINKLE_SLURM="1",
         TWINKLE_SLURM_GPUS="false",  # the test cluster has CPUs only
         TWINKLE_SLURM_PARTITION="twinkle",
+        TWINKLE_SLURM_ACCOUNT=WORKER_ACCOUNT,  # no accounting database here: any name is taken
         TWINKLE_WORKER_RUNNER=str(runner),
         TWINKLE_TEST_HOLD_TOKEN=str(token),
         TWINKLE_HEARTBEAT_SECONDS="0.5",
@@ -147,31 +152,17 @@ def slurm_service(
 
 
 def slurm_spec(tiny_model_dir: Path, text_dataset: Path) -> dict[str, Any]:
-    return {
-        "model": {"model_id": str(tiny_model_dir), "mixed_precision": "no"},
-        "data": {"train_file": str(text_dataset), "max_length": 32},
-        "training": {
-            "max_steps": MAX_STEPS,
-            "batch_size": 4,
-            "save_every": 2,
-            "save_total_limit": None,
-            "seed": 7,
-        },
-        "optimizer": {"lr": 1e-3},
-        "resources": {"nnodes": 2, "nproc_per_node": 1, "launcher": "slurm"},
-    }
+    return two_node_spec(tiny_model_dir, text_dataset, "slurm")
 
 
-def final_weights(job_dir: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
+def set_project_account(service: SlurmService, account: str | None) -> None:
+    with service.svc.client() as client:  # the bootstrap token: an operator
+        response = client.patch("/v1/projects/default", json={"slurm_account": account})
+    assert response.status_code == 200 and response.json()["slurm_account"] == account, response.text
 
-    checkpoint = job_dir / "checkpoints" / f"step-{MAX_STEPS}"
-    assert (checkpoint / "COMPLETE").exists(), sorted(p.name for p in checkpoint.parent.iterdir())
-    weights: dict[str, Any] = {}
-    for path in sorted(checkpoint.glob("*.safetensors")):
-        weights.update(load_file(str(path)))
-    assert weights
-    return weights
+
+def slurm_account(slurm_id: str) -> str:
+    return slurm("squeue", "-h", "-o", "%a", "-j", slurm_id).strip()
 
 
 def queued(job_id: str) -> list[str]:
@@ -186,22 +177,30 @@ def loss_series(service: SlurmService, job_id: str) -> list[tuple[int, float]]:
 
 
 @pytest.fixture(scope="module")
-def reference(slurm_service: SlurmService, tiny_model_dir: Path, text_dataset: Path) -> str:
-    """An uninterrupted 2-node Slurm job (the token is absent: it runs through)."""
+def reference(
+    slurm_service: SlurmService, gang_reference: GangRun, tiny_model_dir: Path, text_dataset: Path
+) -> str:
+    """An uninterrupted 2-node Slurm job (the token is absent: it runs through), charged to the
+    project's Slurm account. The gang reference (tests/integration/conftest.py) trains beside it
+    unless another module already ran it."""
     slurm_service.token.unlink(missing_ok=True)
+    set_project_account(slurm_service, PROJECT_ACCOUNT)
     job_id = slurm_service.submit(slurm_spec(tiny_model_dir, text_dataset))
     job = slurm_service.svc.wait_terminal(job_id, timeout=300)
     assert job["status"] == "succeeded", (job, slurm_service.svc.worker_log())
     return job_id
 
 
-def test_a_two_node_job_runs_through_slurm(slurm_service: SlurmService, reference: str) -> None:
+def test_a_two_node_job_runs_through_slurm_to_the_gang_result(
+    slurm_service: SlurmService, reference: str, gang_reference: GangRun
+) -> None:
     job = slurm_service.job(reference)
     assert job["attempt"] == 1
     assert job["engine"]["name"] == "slurm" and job["engine"]["state"] == "COMPLETED", job
     slurm_id = job["engine"]["job_id"]
     shown = slurm("scontrol", "show", "job", "-o", slurm_id)
     assert "JobState=COMPLETED" in shown and "NumNodes=2" in shown and "NodeList=twinkle[1-2]" in shown
+    assert f" Account={PROJECT_ACCOUNT} " in shown  # sbatch --account: the project's setting
     events = slurm_service.events(reference)
     steps = [e["data"]["step"] for e in events if e["type"] == "metrics" and "step" in (e["data"] or {})]
     assert steps == list(range(1, MAX_STEPS + 1)), events
@@ -212,16 +211,20 @@ def test_a_two_node_job_runs_through_slurm(slurm_service: SlurmService, referenc
     ranks = slurm_service.job_dir(reference) / "logs" / "attempt-1-ranks"
     assert {p.name for p in ranks.iterdir()} == {"node-0-restart-0", "node-1-restart-0"}
     assert queued(reference) == []
+    # The same spec as a 2-node torchrun gang: every step's loss, the final weights bit for bit.
+    assert_same_training(slurm_service.job_dir(reference), gang_reference.result())
 
 
 def test_pause_signals_the_ranks_and_cancel_scancels_the_slurm_job(
     slurm_service: SlurmService, tiny_model_dir: Path, text_dataset: Path
 ) -> None:
     slurm_service.token.write_text("hold")
+    set_project_account(slurm_service, None)  # a project without an account: the worker's
     spec = slurm_spec(tiny_model_dir, text_dataset)
     spec["resources"]["nnodes"] = 1  # one node this time (and half the CPU of the test)
     job_id = slurm_service.submit(spec)
     first = slurm_service.wait_held(job_id)  # running, mid-way: it cannot finish on its own
+    assert slurm_account(first) == WORKER_ACCOUNT
     with slurm_service.svc.client() as client:
         # Pause: SIGUSR1 through Slurm to the ranks, which checkpoint and exit.
         assert client.post(f"/v1/jobs/{job_id}/pause").status_code == 200
@@ -279,11 +282,55 @@ def test_a_preempted_job_is_requeued_by_slurm_and_resumes_from_its_checkpoint(
     # The steps the preempted run made past its checkpoint were recomputed, not recorded twice:
     # the loss curve is the uninterrupted run's, point for point.
     assert loss_series(slurm_service, job_id) == loss_series(slurm_service, reference)
+    assert_same_training(slurm_service.job_dir(job_id), slurm_service.job_dir(reference))
+    assert queued(job_id) == []
 
-    import torch
 
-    expected = final_weights(slurm_service.job_dir(reference))
-    got = final_weights(slurm_service.job_dir(job_id))
-    assert expected.keys() == got.keys()
-    assert [name for name in expected if not torch.equal(expected[name], got[name])] == []
+def node_state(node: str) -> str:
+    return slurm("sinfo", "-h", "-N", "-n", node, "-p", "twinkle", "-o", "%t").strip()
+
+
+def resume_node(node: str, timeout: float = 60) -> None:
+    """Bring `node` back (it may already be: ReturnToService=2 returns a DOWN node whose slurmd
+    answers) and wait until Slurm schedules on it again."""
+    deadline = time.monotonic() + timeout
+    while node_state(node) not in ("idle", "mix", "alloc"):
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True)
+        assert time.monotonic() < deadline, f"{node} did not come back: {node_state(node)}"
+        time.sleep(0.5)
+
+
+def test_a_node_failure_is_requeued_by_slurm_and_resumes_from_its_checkpoint(
+    slurm_service: SlurmService, reference: str, tiny_model_dir: Path, text_dataset: Path
+) -> None:
+    slurm_service.token.write_text("hold")
+    job_id = slurm_service.submit(slurm_spec(tiny_model_dir, text_dataset))
+    slurm_id = slurm_service.wait_held(job_id)  # its step-2 checkpoint is complete
+    try:
+        # The second node fails: Slurm ends the job's run on both nodes (NODE_FAIL) and, the job
+        # being submitted with --requeue, puts it back in its queue.
+        slurm("scontrol", "update", "NodeName=twinkle2", "State=DOWN", "Reason=twinkle-test-node-failure")
+        job = slurm_service.wait_engine_state(job_id, "REQUEUED")
+        assert job["status"] == "running" and job["attempt"] == 1, job  # the job stays with Slurm
+    finally:
+        resume_node("twinkle2")  # whatever happened: the next tests need both nodes
+    slurm("scontrol", "update", f"JobId={slurm_id}", "StartTime=now")  # lift the 120 s requeue hold
+    job = slurm_service.svc.wait_terminal(job_id, timeout=300)
+    assert job["status"] == "succeeded", (job, slurm_service.svc.worker_log())
+    assert job["attempt"] == 1, job  # Slurm requeued it: no retry of ours
+    assert job["engine"] == {"name": "slurm", "job_id": slurm_id, "state": "COMPLETED"}, job
+    assert "Restarts=1" in slurm("scontrol", "show", "job", "-o", slurm_id)
+
+    messages = [e["message"] for e in slurm_service.events(job_id)]
+    assert any(m.endswith(f"slurm job {slurm_id}: REQUEUED") for m in messages), messages
+    resumed = [m for m in messages if "resumed from" in m]
+    assert len(resumed) == 1, messages
+    match = re.search(r"from step (\d+), resumed from .*/checkpoints/step-(\d+)$", resumed[0])
+    assert match and match[1] == match[2] and int(match[1]) >= HOLD_STEP, resumed
+    log = (slurm_service.job_dir(job_id) / "logs" / "attempt-1.log").read_text()
+    assert "DUE TO NODE FAILURE" in log and "restart 1 of job" in log
+
+    # Resumed from its checkpoint, it trained what the uninterrupted run did, bit for bit.
+    assert loss_series(slurm_service, job_id) == loss_series(slurm_service, reference)
+    assert_same_training(slurm_service.job_dir(job_id), slurm_service.job_dir(reference))
     assert queued(job_id) == []
