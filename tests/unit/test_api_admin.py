@@ -201,15 +201,18 @@ def test_the_slurm_account_is_set_by_the_operator_and_read_by_the_project(api: A
         assert session.get_one(Project, created["id"]).slurm_account is None
 
 
-@pytest.mark.parametrize("account", ["", "has space", "-x", "a;b", "a/b", "x" * 65, "$(id)", "a,b"])
-def test_a_slurm_account_that_is_not_a_slurm_account_name_is_422(api: Api, account: str) -> None:
+def test_a_slurm_account_that_is_not_a_slurm_account_name_is_422(api: Api) -> None:
     create_project(api, "named")
-    for response in (
-        api.client.post("/v1/projects", json={"name": "new", "slurm_account": account}, headers=api.admin),
-        api.client.patch("/v1/projects/named", json={"slurm_account": account}, headers=api.admin),
-    ):
-        assert response.status_code == 422, response.text
-        assert response.json()["error"]["param"] == "slurm_account"
+    for account in ("", "has space", "-x", ".x", "a;b", "a/b", "x" * 65, "$(id)", "a,b"):
+        for response in (
+            api.client.post(
+                "/v1/projects", json={"name": "new", "slurm_account": account}, headers=api.admin
+            ),
+            api.client.patch("/v1/projects/named", json={"slurm_account": account}, headers=api.admin),
+        ):
+            assert response.status_code == 422, (account, response.text)
+            assert response.json()["error"]["param"] == "slurm_account"
+    assert create_project(api, "longest", slurm_account="x" * 64)["slurm_account"] == "x" * 64
 
 
 @pytest.mark.parametrize("scopes", [("read",), ("read", "write")])
