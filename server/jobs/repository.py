@@ -11,7 +11,6 @@ from typing import Any
 from sqlalchemy import (
     BindParameter,
     Connection,
-    RowMapping,
     Select,
     Table,
     and_,
@@ -26,6 +25,7 @@ from sqlalchemy.orm import Session
 from jobcore.db.models import Checkpoint, Job, JobEvent, JobMetric
 from jobcore.jobs.states import JobStatus
 from server.common.pagination import newest_first_after
+from server.common.reads import RawStatement, fetch_mappings, fetch_tuples
 
 
 def get_job(session: Session, project_id: str, job_id: str) -> Job | None:
@@ -89,16 +89,17 @@ def _jobs_with_checkpoints(with_spec: bool) -> Select[Any]:
 # SQLAlchemy memoizes per statement object, computed) once per process, not once per request.
 _JOB_ROWS = {True: _jobs_with_checkpoints(with_spec=True), False: _jobs_with_checkpoints(with_spec=False)}
 _OF_PROJECT = _jobs.c.project_id == bindparam("project_id")
-_JOB_BY_ID = _JOB_ROWS[True].where(_jobs.c.id == bindparam("job_id"), _OF_PROJECT)
+_JOB_BY_ID = RawStatement(_JOB_ROWS[True].where(_jobs.c.id == bindparam("job_id"), _OF_PROJECT))
 _JOB_CURSOR = select(_jobs.c.created_at, _jobs.c.id).where(_jobs.c.id == bindparam("job_id"), _OF_PROJECT)
 
 Db = Connection | Session  # a read runs on a bare connection; the ORM paths pass their session
 JobRow = Mapping[Any, Any]  # a RowMapping of the statements below, or `present.row_of` an ORM job
 
 
-def read_job_row(db: Db, project_id: str, job_id: str) -> RowMapping | None:
+def read_job_row(db: Db, project_id: str, job_id: str) -> JobRow | None:
     """A job of the project with its spec and checkpoint references, in one statement."""
-    return db.execute(_JOB_BY_ID, {"job_id": job_id, "project_id": project_id}).mappings().one_or_none()
+    rows = fetch_mappings(db, _JOB_BY_ID, {"job_id": job_id, "project_id": project_id})
+    return rows[0] if rows else None  # the primary key: one row at most
 
 
 def job_cursor(db: Db, project_id: str, job_id: str) -> tuple[datetime, str] | None:
@@ -108,7 +109,7 @@ def job_cursor(db: Db, project_id: str, job_id: str) -> tuple[datetime, str] | N
 
 
 @lru_cache(maxsize=16)
-def _page_statement(with_spec: bool, by_status: bool, by_name: bool, after: bool) -> Select[Any]:
+def _page_statement(with_spec: bool, by_status: bool, by_name: bool, after: bool) -> RawStatement:
     """The page query for one combination of filters, with bound parameters (metadata filters,
     whose keys are part of the SQL, are added per request)."""
     query = _JOB_ROWS[with_spec].where(_OF_PROJECT)
@@ -119,7 +120,9 @@ def _page_statement(with_spec: bool, by_status: bool, by_name: bool, after: bool
     cursor: tuple[BindParameter[Any], BindParameter[Any]] | None = None
     if after:
         cursor = (bindparam("after_created", type_=_jobs.c.created_at.type), bindparam("after_id"))
-    return newest_first_after(query, _jobs.c.created_at, _jobs.c.id, cursor, None).limit(bindparam("fetch"))
+    return RawStatement(
+        newest_first_after(query, _jobs.c.created_at, _jobs.c.id, cursor, None).limit(bindparam("fetch"))
+    )
 
 
 def list_job_rows(
@@ -132,11 +135,9 @@ def list_job_rows(
     after: tuple[datetime, str] | None,
     limit: int,
     with_spec: bool,
-) -> list[RowMapping]:
+) -> list[JobRow]:
     """A page of the project's jobs, newest first (limit + 1 rows), each with its checkpoint refs."""
-    query = _page_statement(with_spec, bool(statuses), name is not None, after is not None)
-    for key, value in metadata.items():
-        query = query.where(_jobs.c.metadata[key].as_string() == value)
+    statement = _page_statement(with_spec, bool(statuses), name is not None, after is not None)
     params: dict[str, Any] = {"project_id": project_id, "fetch": limit + 1}
     if statuses:
         params["statuses"] = list(statuses)
@@ -144,7 +145,12 @@ def list_job_rows(
         params["name"] = name
     if after is not None:
         params["after_created"], params["after_id"] = after
-    return list(db.execute(query, params).mappings())
+    if metadata:  # the keys are part of the SQL: a statement per request, through Core
+        query = statement.select
+        for key, value in metadata.items():
+            query = query.where(_jobs.c.metadata[key].as_string() == value)
+        return list(db.execute(query, params).mappings())
+    return fetch_mappings(db, statement, params)
 
 
 def job_by_idempotency_key(session: Session, project_id: str, key: str) -> Job | None:
@@ -284,7 +290,7 @@ assert isinstance(_events, Table) and isinstance(_metrics, Table)
 
 
 @lru_cache(maxsize=16)
-def _events_statement(by_type: bool, by_level: bool, after: bool, descending: bool) -> Select[Any]:
+def _events_statement(by_type: bool, by_level: bool, after: bool, descending: bool) -> RawStatement:
     columns = (_events.c[name] for name in ("id", "created_at", "level", "type", "message", "data"))
     query = select(*columns).where(_events.c.job_id == bindparam("job_id"))
     if by_type:
@@ -295,7 +301,7 @@ def _events_statement(by_type: bool, by_level: bool, after: bool, descending: bo
         cursor = bindparam("after", type_=_events.c.id.type)
         query = query.where(_events.c.id < cursor if descending else _events.c.id > cursor)
     order = _events.c.id.desc() if descending else _events.c.id.asc()
-    return query.order_by(order).limit(bindparam("fetch"))
+    return RawStatement(query.order_by(order).limit(bindparam("fetch")))
 
 
 def list_events(
@@ -307,7 +313,7 @@ def list_events(
     descending: bool = False,
     types: Sequence[str] = (),
     levels: Sequence[str] = (),
-) -> list[RowMapping]:
+) -> list[Mapping[str, Any]]:
     """Up to `limit + 1` of the job's events after the cursor, as rows (id order)."""
     query = _events_statement(bool(types), bool(levels), after is not None, descending)
     params: dict[str, Any] = {"job_id": job_id, "fetch": limit + 1}
@@ -317,28 +323,41 @@ def list_events(
         params["levels"] = list(levels)
     if after is not None:
         params["after"] = after
-    return list(db.execute(query, params).mappings())
+    return fetch_mappings(db, query, params)
 
 
-@lru_cache(maxsize=2)
-def _metrics_statement(by_name: bool) -> Select[Any]:
-    query = select(_metrics.c.name, _metrics.c.step, _metrics.c.value)
-    query = query.where(_metrics.c.job_id == bindparam("job_id"))
-    if by_name:
-        query = query.where(_metrics.c.name.in_(bindparam("names", expanding=True)))
-    return query.order_by(_metrics.c.name, _metrics.c.step, _metrics.c.id)
+def _of_series(query: Select[Any], names: int) -> Select[Any]:
+    """The series filter of a metrics statement for `names` names (0: all; 2: two or more). One
+    name is a plain equality rather than an IN list of one: the dashboard asks for one series at
+    a time, and a statement without an IN list runs on psycopg directly (`RawStatement`)."""
+    if names == 1:
+        return query.where(_metrics.c.name == bindparam("name"))
+    if names > 1:
+        return query.where(_metrics.c.name.in_(bindparam("names", expanding=True)))
+    return query
+
+
+def _series_params(job_id: str, names: Sequence[str]) -> dict[str, Any]:
+    if len(names) == 1:
+        return {"job_id": job_id, "name": names[0]}
+    return {"job_id": job_id, "names": list(names)} if names else {"job_id": job_id}
+
+
+@lru_cache(maxsize=3)
+def _metrics_statement(names: int) -> RawStatement:
+    query: Select[Any] = select(_metrics.c.name, _metrics.c.step, _metrics.c.value)
+    query = _of_series(query.where(_metrics.c.job_id == bindparam("job_id")), names)
+    return RawStatement(query.order_by(_metrics.c.name, _metrics.c.step, _metrics.c.id))
 
 
 def metric_points(db: Db, job_id: str, names: Sequence[str]) -> list[tuple[str, int, float]]:
     """(name, step, value) of the job's metric points, by name then step."""
-    params: dict[str, Any] = {"job_id": job_id}
-    if names:
-        params["names"] = list(names)
-    return list(db.execute(_metrics_statement(bool(names)), params).tuples())
+    statement = _metrics_statement(min(len(names), 2))
+    return fetch_tuples(db, statement, _series_params(job_id, names))
 
 
-@lru_cache(maxsize=2)
-def _bucketed_metrics_statement(by_name: bool) -> Select[Any]:
+@lru_cache(maxsize=3)
+def _bucketed_metrics_statement(names: int) -> RawStatement:
     """Each series cut into at most `max_points` buckets of consecutive points, in the database:
     one row per bucket (name, its last step, the sum of its values, its size), so that a long
     series costs the API the points it returns, not all of them (`downsampled_metric_points`).
@@ -359,9 +378,7 @@ def _bucketed_metrics_statement(by_name: bool) -> Select[Any]:
         func.row_number().over(partition_by=m.c.name, order_by=(m.c.step, m.c.id)).label("r"),
         func.count().over(partition_by=m.c.name).label("n"),
     ).where(m.c.job_id == bindparam("job_id"))
-    if by_name:
-        query = query.where(m.c.name.in_(bindparam("names", expanding=True)))
-    numbered = query.subquery()
+    numbered = _of_series(query, names).subquery()
     r, n = numbered.c.r, numbered.c.n
     bucket = (r * max_points - 1) // n
     summed = select(
@@ -378,7 +395,7 @@ def _bucketed_metrics_statement(by_name: bool) -> Select[Any]:
         summed.c.r == summed.c.n, ((summed.c.r + 1) * max_points - 1) // summed.c.n > summed.c.bucket
     )
     size = summed.c.r - (summed.c.bucket * summed.c.n) // max_points  # minus the points before the bucket
-    return (
+    return RawStatement(
         select(summed.c.name, summed.c.step, summed.c.total, size)
         .where(last_of_bucket)
         .order_by(summed.c.name, summed.c.r)
@@ -392,10 +409,8 @@ def downsampled_metric_points(
     consecutive buckets (the value at a bucket's last step), by name then step: exactly what
     `server.progress.service.downsample` makes of `metric_points` (tested), read as only the
     points returned."""
-    params: dict[str, Any] = {"job_id": job_id, "max_points": max_points}
-    if names:
-        params["names"] = list(names)
-    rows = db.execute(_bucketed_metrics_statement(bool(names)), params)
+    params = {**_series_params(job_id, names), "max_points": max_points}
+    rows = fetch_tuples(db, _bucketed_metrics_statement(min(len(names), 2)), params)
     return [(name, step, total / size) for name, step, total, size in rows]
 
 

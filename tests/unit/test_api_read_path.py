@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, event, text, update
@@ -22,6 +23,7 @@ from jobcore.db.models import ApiToken, Checkpoint, Job, utcnow
 from server.auth.cache import TTL_SECONDS, TtlCache, cache_for
 from server.auth.principal import Principal
 from server.auth.service import hash_token, list_tokens, revoke_token
+from server.common import reads
 from server.jobs.schemas import JobEventList, JobMetrics, JobOut
 
 
@@ -51,7 +53,8 @@ def _engines(api: Api) -> list[Engine]:
 @contextmanager
 def statements(api: Api, threads: list[str] | None = None) -> Iterator[list[str]]:
     """The SQL statements the app's engines send while the block runs (and the names of the
-    threads that send them, into `threads`)."""
+    threads that send them, into `threads`), those the hot reads send straight through psycopg
+    (`server.common.reads.RawStatement`, no SQLAlchemy events) included."""
     seen: list[str] = []
 
     def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
@@ -59,11 +62,19 @@ def statements(api: Api, threads: list[str] | None = None) -> Iterator[list[str]
         if threads is not None:
             threads.append(threading.current_thread().name)
 
+    raw_fetch = reads._fetch
+
+    async def fetch_recorded(conn: Any, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        record(conn, None, sql)
+        return await raw_fetch(conn, sql, params)
+
     for engine in _engines(api):
         event.listen(engine, "before_cursor_execute", record)
+    reads._fetch = fetch_recorded
     try:
         yield seen
     finally:
+        reads._fetch = raw_fetch
         for engine in _engines(api):
             event.remove(engine, "before_cursor_execute", record)
 
@@ -349,3 +360,30 @@ def test_metrics_downsampled_in_the_database_are_exactly_the_python_definition(a
             f"/v1/jobs/{job['id']}/metrics?name=lr{query.replace('?', '&')}", headers=api.admin
         ).json()
         assert only_lr["series"] == {"lr": expected["lr"]}, max_points
+
+
+def test_the_hot_statements_skip_sqlalchemy_on_postgresql_and_read_the_same(api: Api) -> None:
+    """On the read engine the job read, the list page and the event and metric pages run their
+    page statement straight on psycopg (`RawStatement`); elsewhere through Core. The output is
+    the same either way (the other tests compare it with the ORM path and the models)."""
+    job = api.submit()
+    api.add_event(job["id"], "hello")
+    api.add_metrics(job["id"], "loss", [2.0, 1.5, 1.0])
+    api.client.get("/v1/jobs", headers=api.admin)  # the admin principal is cached now
+    raw_fetch = reads._fetch
+    raw: list[str] = []
+
+    async def fetch_recorded(conn: Any, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        raw.append(sql)
+        return await raw_fetch(conn, sql, params)
+
+    history = f"/v1/jobs/{job['id']}"
+    paths = ("/v1/jobs", history, f"{history}/events", f"{history}/metrics?name=loss&max_points=2")
+    reads._fetch = fetch_recorded
+    try:
+        for path in paths:
+            before = len(raw)
+            assert api.client.get(path, headers=api.admin).status_code == 200
+            assert len(raw) - before == (0 if api.app.state.read_engine is None else 1), path
+    finally:
+        reads._fetch = raw_fetch
