@@ -115,7 +115,8 @@ ALREADY_REQUESTED: dict[JobAction, frozenset[JobStatus]] = {
 
 def actions_for(status: str) -> list[str]:
     """The actions a job in `status` offers, in ACTIONS' order (the order buttons show them)."""
-    return [str(action) for action, applies in ACTIONS.items() if JobStatus(status) in applies]
+    current = JobStatus(status)  # once, not once per action: a list page asks for every job
+    return [action.value for action, applies in ACTIONS.items() if current in applies]
 
 
 def already_requested(status: str, action: JobAction) -> bool:

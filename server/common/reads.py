@@ -141,6 +141,11 @@ def fetch_tuples(
             log.debug(
                 "a raw read failed; running it through SQLAlchemy for its error handling", exc_info=True
             )
+        except BaseException:
+            # Cancelled mid-statement (the client went away): a result may still be pending on
+            # the connection, so it is not pooled again; SQLAlchemy does the same for its own.
+            db.invalidate()
+            raise
     return [tuple(row) for row in db.execute(statement.select, params)]
 
 

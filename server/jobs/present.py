@@ -25,6 +25,7 @@ from server.jobs.schemas import JobOut
 ETA_WINDOW = 20  # logged steps the ETA's pace is taken over
 
 _TERMINAL = frozenset(status.value for status in TERMINAL)
+_RUNNING = JobStatus.RUNNING.value  # an enum member's .value is a descriptor call, per row
 _REF_KEYS = {
     prefix: tuple((name, f"{prefix}_{name}") for name in repository.CHECKPOINT_REF_COLUMNS)
     for prefix in ("latest", "best")
@@ -44,7 +45,7 @@ def _checkpoint_ref(row: Row, prefix: str) -> dict[str, Any] | None:
 
 def _has_eta(row: Row) -> bool:
     total = row["total_steps"]
-    return row["status"] == JobStatus.RUNNING.value and bool(total) and row["step"] < total
+    return row["status"] == _RUNNING and bool(total) and row["step"] < total
 
 
 def _eta_seconds(row: Row, points: list[tuple[int, datetime]] | None) -> float | None:

@@ -227,7 +227,8 @@ def queue_positions(db: Db, jobs: Sequence[JobRow]) -> dict[str, int]:
     whole queue once, rather than one count per job (a page of the newest queued jobs sits at the
     tail, where each count would walk the whole queue).
     """
-    queued = [job for job in jobs if job["status"] == JobStatus.QUEUED.value]
+    queued_status = JobStatus.QUEUED.value
+    queued = [job for job in jobs if job["status"] == queued_status]
     if not queued:
         return {}
     if len(queued) == 1:
