@@ -90,7 +90,9 @@ def _jobs_with_checkpoints(with_spec: bool) -> Select[Any]:
 _JOB_ROWS = {True: _jobs_with_checkpoints(with_spec=True), False: _jobs_with_checkpoints(with_spec=False)}
 _OF_PROJECT = _jobs.c.project_id == bindparam("project_id")
 _JOB_BY_ID = RawStatement(_JOB_ROWS[True].where(_jobs.c.id == bindparam("job_id"), _OF_PROJECT))
-_JOB_CURSOR = select(_jobs.c.created_at, _jobs.c.id).where(_jobs.c.id == bindparam("job_id"), _OF_PROJECT)
+_JOB_CURSOR = RawStatement(
+    select(_jobs.c.created_at, _jobs.c.id).where(_jobs.c.id == bindparam("job_id"), _OF_PROJECT)
+)
 
 Db = Connection | Session  # a read runs on a bare connection; the ORM paths pass their session
 JobRow = Mapping[Any, Any]  # a RowMapping of the statements below, or `present.row_of` an ORM job
@@ -104,8 +106,8 @@ def read_job_row(db: Db, project_id: str, job_id: str) -> JobRow | None:
 
 def job_cursor(db: Db, project_id: str, job_id: str) -> tuple[datetime, str] | None:
     """(created_at, id) of a job of the project: where a page `after` it starts."""
-    row = db.execute(_JOB_CURSOR, {"job_id": job_id, "project_id": project_id}).one_or_none()
-    return None if row is None else (row[0], row[1])
+    rows = fetch_tuples(db, _JOB_CURSOR, {"job_id": job_id, "project_id": project_id})
+    return (rows[0][0], rows[0][1]) if rows else None
 
 
 @lru_cache(maxsize=16)
@@ -215,7 +217,7 @@ def _queue_ranks_statement() -> Select[Any]:
 
 
 _QUEUED = _jobs.c.status == JobStatus.QUEUED.value
-_AHEAD_OF = _ahead_of_statement()
+_AHEAD_OF = RawStatement(_ahead_of_statement())
 _QUEUE_RANKS = _queue_ranks_statement()
 
 
@@ -234,7 +236,7 @@ def queue_positions(db: Db, jobs: Sequence[JobRow]) -> dict[str, int]:
     if len(queued) == 1:
         job = queued[0]
         params = {"priority": job["priority"], "created_at": job["created_at"], "job_id": job["id"]}
-        return {job["id"]: int(db.execute(_AHEAD_OF, params).scalar() or 0) + 1}
+        return {job["id"]: int(fetch_tuples(db, _AHEAD_OF, params)[0][0] or 0) + 1}
     rows = db.execute(_QUEUE_RANKS, {"job_ids": [job["id"] for job in queued]})
     return {job_id: int(position) for job_id, position in rows}
 
@@ -278,11 +280,11 @@ def recent_metric_points(
     return points
 
 
-_JOB_EXISTS = select(_jobs.c.id).where(_jobs.c.id == bindparam("job_id"), _OF_PROJECT)
+_JOB_EXISTS = RawStatement(select(_jobs.c.id).where(_jobs.c.id == bindparam("job_id"), _OF_PROJECT))
 
 
 def job_exists(db: Db, project_id: str, job_id: str) -> bool:
-    return db.execute(_JOB_EXISTS, {"job_id": job_id, "project_id": project_id}).first() is not None
+    return bool(fetch_tuples(db, _JOB_EXISTS, {"job_id": job_id, "project_id": project_id}))
 
 
 _events = JobEvent.__table__

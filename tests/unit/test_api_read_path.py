@@ -362,28 +362,36 @@ def test_metrics_downsampled_in_the_database_are_exactly_the_python_definition(a
         assert only_lr["series"] == {"lr": expected["lr"]}, max_points
 
 
+def _recording(into: list[str], fetch: Any) -> Any:
+    """`server.common.reads._fetch` that also appends each statement it runs to `into`."""
+
+    async def fetch_recorded(conn: Any, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        into.append(sql)
+        return await fetch(conn, sql, params)
+
+    return fetch_recorded
+
+
 def test_the_hot_statements_skip_sqlalchemy_on_postgresql_and_read_the_same(api: Api) -> None:
-    """On the read engine the job read, the list page and the event and metric pages run their
-    page statement straight on psycopg (`RawStatement`); elsewhere through Core. The output is
-    the same either way (the other tests compare it with the ORM path and the models)."""
+    """On the read engine every statement of the job read, the list page (with one queued job)
+    and the event and metric pages runs straight on psycopg (`RawStatement`); elsewhere all run
+    through Core. The output is the same either way (the other tests compare it with the ORM
+    path and the models)."""
     job = api.submit()
     api.add_event(job["id"], "hello")
     api.add_metrics(job["id"], "loss", [2.0, 1.5, 1.0])
     api.client.get("/v1/jobs", headers=api.admin)  # the admin principal is cached now
-    raw_fetch = reads._fetch
     raw: list[str] = []
-
-    async def fetch_recorded(conn: Any, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        raw.append(sql)
-        return await raw_fetch(conn, sql, params)
-
     history = f"/v1/jobs/{job['id']}"
     paths = ("/v1/jobs", history, f"{history}/events", f"{history}/metrics?name=loss&max_points=2")
-    reads._fetch = fetch_recorded
-    try:
-        for path in paths:
-            before = len(raw)
-            assert api.client.get(path, headers=api.admin).status_code == 200
-            assert len(raw) - before == (0 if api.app.state.read_engine is None else 1), path
-    finally:
-        reads._fetch = raw_fetch
+    for path in paths:
+        raw.clear()
+        with statements(api) as seen:
+            counted = reads._fetch  # `statements`' own recording wrapper
+            reads._fetch = _recording(raw, counted)
+            try:
+                assert api.client.get(path, headers=api.admin).status_code == 200
+            finally:
+                reads._fetch = counted
+        assert seen, path
+        assert raw == ([] if api.app.state.read_engine is None else seen), path
