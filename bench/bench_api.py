@@ -195,6 +195,8 @@ def run_wrk(
         os.unlink(script.name)
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     latency = {q: _ms(v) for q, v in re.findall(r"^\s+(50|90|99)%\s+(\S+)$", out, re.M)}
+    if not {"50", "99"} <= latency.keys():
+        raise RuntimeError(f"no latency distribution in wrk's output:\n{out}")
     bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     errors = re.search(r"Socket errors:.*", out)
     return {
