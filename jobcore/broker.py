@@ -33,14 +33,22 @@ EXPORT_TASK = "worker.export"
 SQLA_POLL_SECONDS = 0.2
 
 
+# kombu creates two tables (queue, message). Each "already exists" means one more of them was
+# created by another process, so this many tries always get past them all.
+OPEN_TRIES = 3
+
+
 class RaceSafeChannel(kombu_sqlalchemy.Channel):
     def _open(self) -> Any:
-        try:
-            return super()._open()
-        except OperationalError as exc:
-            if "already exists" not in str(exc):
-                raise
-            return super()._open()  # the tables exist now; create_all has nothing left to do
+        for attempt in range(1, OPEN_TRIES + 1):
+            try:
+                return super()._open()
+            except OperationalError as exc:
+                # Another process created a table between create_all's check and its CREATE; a
+                # second race can follow on the other table (seen in CI), hence the loop.
+                if "already exists" not in str(exc) or attempt == OPEN_TRIES:
+                    raise
+        raise AssertionError("unreachable")
 
     def _get_or_create(self, queue: str) -> Any:
         try:
