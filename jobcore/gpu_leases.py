@@ -130,6 +130,19 @@ def drop_stale(session: Session, stale_after_seconds: float) -> int:
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
+def serving_gpus(session: Session, stale_after_seconds: float) -> dict[str, list[str]]:
+    """The GPUs live serving leases hold, by host: what the cluster view shows as serving."""
+    query = (
+        select(GpuLease.host, GpuLease.gpu_id)
+        .where(GpuLease.kind == SERVING, GpuLease.heartbeat_at > _fresh_since(stale_after_seconds))
+        .order_by(GpuLease.host, GpuLease.gpu_id)
+    )
+    held: dict[str, list[str]] = {}
+    for host, gpu in session.execute(query):
+        held.setdefault(host, []).append(gpu)
+    return held
+
+
 def held_by(session: Session, host: str) -> dict[str, tuple[str, str]]:
     """Every lease row of `host` (live or not): {gpu id: (kind, holder)}; for tests and operators."""
     query = select(GpuLease.gpu_id, GpuLease.kind, GpuLease.holder).where(GpuLease.host == host)

@@ -21,9 +21,11 @@ router = APIRouter(tags=["cluster"])
     response_model=WorkerList,
     responses=error_responses(401, 403, 429),
 )
-def list_workers(session: SessionDep, principal: ReadPrincipal) -> WorkerList:
-    """Workers with their GPUs, running jobs and last heartbeat."""
-    data = [WorkerOut.model_validate(w) for w in service.list_workers(session, principal)]
+def list_workers(session: SessionDep, principal: ReadPrincipal, settings: SettingsDep) -> WorkerList:
+    """Workers with their GPUs (those running jobs hold, and those serving hosts on the same
+    machine hold), running jobs and last heartbeat."""
+    rows = service.list_workers(session, principal, settings.stale_after_seconds)
+    data = [WorkerOut.model_validate(w) for w in rows]
     return WorkerList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class WorkerOut(BaseModel):
@@ -14,7 +14,12 @@ class WorkerOut(BaseModel):
     host: str
     status: str
     gpus: list[str | int]
-    busy_gpus: list[int]
+    busy_gpus: list[int] = Field(description="GPUs of this worker that its running jobs hold")
+    serving_gpus: list[int] = Field(
+        default_factory=list,
+        description="GPUs of this worker's machine held by a serving host (`twinkle-jobs serve`): "
+        "not given to training while it runs",
+    )
     slots: int
     running_jobs: int
     running_job_ids: list[str]

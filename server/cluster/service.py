@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from jobcore import gpu_leases
 from jobcore.db.models import Job, JobEvent, WorkerNode
 from jobcore.jobs.states import ACTIVE, JobStatus
 from jobcore.settings import Settings
 from server.auth.principal import Principal
 
 
-def list_workers(session: Session, principal: Principal) -> list[dict[str, object]]:
-    """Every worker with its GPUs and running jobs; other projects' job ids are hidden unless admin."""
+def _gpu_numbers(ids: Iterable[object]) -> list[int]:
+    return sorted({int(str(g)) for g in ids if str(g).isdigit()})
+
+
+def list_workers(
+    session: Session, principal: Principal, stale_after_seconds: float
+) -> list[dict[str, object]]:
+    """Every worker with its GPUs, running jobs and the GPUs of its machine that serving hosts
+    hold; other projects' job ids are hidden unless admin."""
     workers = list(session.scalars(select(WorkerNode).order_by(WorkerNode.host, WorkerNode.id)))
     active = [s.value for s in ACTIVE]
     running = session.execute(
@@ -20,11 +30,12 @@ def list_workers(session: Session, principal: Principal) -> list[dict[str, objec
             Job.status.in_(active), Job.worker_id.is_not(None)
         )
     ).all()
+    serving = gpu_leases.serving_gpus(session, stale_after_seconds)
     out: list[dict[str, object]] = []
     for worker in workers:
         mine = [r for r in running if r.worker_id == worker.id]
         visible = [r.id for r in mine if principal.has("admin") or r.project_id == principal.project_id]
-        busy = sorted({int(g) for r in mine for g in (r.gpu_ids or []) if str(g).isdigit()})
+        busy = _gpu_numbers([g for r in mine for g in (r.gpu_ids or [])])
         out.append(
             {
                 "id": worker.id,
@@ -33,6 +44,7 @@ def list_workers(session: Session, principal: Principal) -> list[dict[str, objec
                 "status": worker.status,
                 "gpus": list(worker.gpus),
                 "busy_gpus": busy,
+                "serving_gpus": _gpu_numbers(serving.get(worker.host, [])),
                 "slots": worker.slots,
                 "running_jobs": len(mine),
                 "running_job_ids": visible,

@@ -158,8 +158,36 @@ def test_submit_watch_and_download_a_job(stack: Any, page: Any, tmp_path: Path, 
     row.wait_for()
     assert page.locator(".jobs-table tbody tr").count() == 1
 
+    # A GPU machine whose GPU 1 a serving host holds: the workers page marks it as serving.
+    add_gpu_worker_with_a_serving_gpu(stack.data_dir)
     page.click('nav a[data-nav="workers"]')
     page.locator(".workers-table tbody tr").first.wait_for()
+    chips = page.locator('tr[data-worker-id="wkr-e2e-gpu"] .gpu')
+    chips.first.wait_for()
+    assert chips.all_inner_texts() == ["GPU 0", "GPU 1"]
+    serving = page.locator('tr[data-worker-id="wkr-e2e-gpu"] .gpu.serving')
+    assert serving.all_inner_texts() == ["GPU 1"]
+    assert serving.get_attribute("title") == "held by a serving host"
+
+
+def add_gpu_worker_with_a_serving_gpu(data_dir: Path) -> None:
+    from jobcore import gpu_leases
+    from jobcore.db.models import WorkerNode
+    from jobcore.db.session import session_scope
+    from jobcore.settings import Settings
+
+    settings = Settings(data_dir=data_dir, database_url=None)
+    with session_scope(settings.resolved_database_url) as session:
+        session.add(WorkerNode(id="wkr-e2e-gpu", host="gpu-e2e", pid=1, gpus=["0", "1"], slots=2))
+        gpu_leases.take(
+            session,
+            "gpu-e2e",
+            "serve-e2e",
+            "serve-e2e",
+            gpu_leases.SERVING,
+            ["1"],
+            settings.stale_after_seconds,
+        )
 
 
 def test_invalid_fields_are_named_inline(stack: Any, page: Any, tmp_path: Path, tiny_model_dir: Path) -> None:

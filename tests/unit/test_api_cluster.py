@@ -6,10 +6,12 @@ from datetime import timedelta
 from pathlib import Path
 
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 from test_api_support import *  # noqa: F403
 from test_api_support import Api
 
-from jobcore.db.models import WorkerNode, utcnow
+from jobcore import gpu_leases
+from jobcore.db.models import GpuLease, WorkerNode, utcnow
 from jobcore.settings import Settings
 from server.app import create_app
 
@@ -39,6 +41,23 @@ def test_workers_show_gpus_heartbeats_and_only_own_running_jobs(api: Api) -> Non
     admin_view = api.client.get("/v1/workers", headers=api.admin).json()["data"][0]
     assert sorted(admin_view["running_job_ids"]) == sorted([mine["id"], theirs["id"]])
     assert api.client.get("/v1/workers").status_code == 401
+
+
+def test_workers_show_the_gpus_serving_hosts_hold_on_their_machine(api: Api) -> None:
+    stale = api.settings.stale_after_seconds
+    with api.session() as session, session.begin():
+        session.add(WorkerNode(id="w1", host="gpu-1", pid=10, gpus=["0", "1", "2"], slots=3))
+        session.add(WorkerNode(id="w2", host="gpu-2", pid=11, gpus=["0"], slots=1))
+        gpu_leases.take(session, "gpu-1", "serve-a", "serve-a", gpu_leases.SERVING, ["2"], stale)
+        # A job's lease is not a serving GPU, and a dead host's stale lease holds nothing.
+        gpu_leases.take(session, "gpu-1", "w1", "job-x", gpu_leases.JOB, ["0"], stale)
+        gpu_leases.take(session, "gpu-2", "serve-b", "serve-b", gpu_leases.SERVING, ["0"], stale)
+    with api.session() as session, session.begin():
+        old = utcnow() - timedelta(seconds=stale + 5)
+        session.execute(update(GpuLease).where(GpuLease.owner == "serve-b").values(heartbeat_at=old))
+    data = {w["id"]: w for w in api.client.get("/v1/workers", headers=api.admin).json()["data"]}
+    assert data["w1"]["serving_gpus"] == [2] and data["w1"]["busy_gpus"] == []
+    assert data["w2"]["serving_gpus"] == []
 
 
 def test_readyz_checks_database_and_broker(api: Api, tmp_path: Path) -> None:

@@ -13,16 +13,17 @@ function gpuChips(worker) {
   if (!gpus.length)
     return h("span", { class: "muted" }, `CPU · ${worker.slots ?? 1} slot${worker.slots === 1 ? "" : "s"}`);
   const busy = new Set((worker.busy_gpus || []).map(String));
+  // GPUs of the machine a serving host holds (twinkle-jobs serve): not given to training.
+  const serving = new Set((worker.serving_gpus || []).map(String));
+  const state = (gpu) => (busy.has(gpu) ? "busy" : serving.has(gpu) ? "serving" : "free");
+  const titles = { busy: "in use by a job", serving: "held by a serving host", free: "free" };
   return h(
     "span",
     { class: "gpus" },
-    gpus.map((gpu) =>
-      h(
-        "span",
-        { class: ["gpu", busy.has(String(gpu)) && "busy"], title: busy.has(String(gpu)) ? "in use" : "free" },
-        `GPU ${gpu}`,
-      ),
-    ),
+    gpus.map((gpu) => {
+      const s = state(String(gpu));
+      return h("span", { class: ["gpu", s !== "free" && s], title: titles[s] }, `GPU ${gpu}`);
+    }),
   );
 }
 
