@@ -165,6 +165,27 @@ def test_native_fsdp_config_is_checked() -> None:
         NativeFSDPStrategy(mesh, _info(), "no", {"bucket_cap_mb": 10}, {}, False)
     strategy = NativeFSDPStrategy(mesh, _info(), "bf16", {}, {"reshard_after_forward": False}, True)
     assert strategy.reshard_after_forward is False and strategy.memory_efficient_init
+    # Unset: torch's default (None), where the root keeps its parameters after forward.
+    assert NativeFSDPStrategy(mesh, _info(), "no", {}, {}, False).reshard_after_forward is None
+
+
+def test_native_fsdp_keeps_only_the_roots_parameters_gathered_between_forward_and_backward() -> None:
+    from torch.distributed.tensor import DTensor
+
+    fields = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64}
+    fields |= {"num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2}
+    model = TransformersModel(config=fields, strategy="native_fsdp", mixed_precision="no")
+    model.set_optimizer("adamw", lr=1e-3)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    wrapped = model.wrapped
+    wrapped.train()
+    loss = wrapped(input_ids=ids, labels=ids).loss
+    # The backward needs the embeddings and the head first: they stay gathered (not DTensors);
+    # a decoder layer's parameters go back to their shards until the backward reaches it.
+    assert not isinstance(wrapped.model.embed_tokens.weight, DTensor)
+    assert isinstance(wrapped.model.layers[0].mlp.up_proj.weight, DTensor)
+    loss.backward()
+    assert all(isinstance(p, DTensor) for p in wrapped.parameters())
 
 
 def test_model_cls_as_class_auto_class_or_name(tiny_model_dir: Path) -> None:
