@@ -35,17 +35,16 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = (
-    "twinkle",
-    "twinkle_core",
-    "jobcore",
-    "server",
-    "worker",
-    "serving",
-    "twinkle_cli",
-    "twinkle_client",
-    "migrations",
-)
+
+
+def shipped_packages(pyproject: Path) -> list[str]:
+    """The top-level packages the distribution ships (pyproject's setuptools `include`)."""
+    include = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    names = (pattern.removesuffix(".*").removesuffix("*") for pattern in include)
+    return list(dict.fromkeys(name for name in names if "." not in name))
+
+
+PACKAGES = shipped_packages(REPO_ROOT / "pyproject.toml")
 # Modules that are not meant to import on a runtime-only install, and why.
 OPTIONAL = {
     "worker.ray_gang": "imports ray: the `ray` extra, loaded only when a job asks for Ray",
