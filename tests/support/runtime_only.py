@@ -29,10 +29,13 @@ import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+if TYPE_CHECKING:  # at run time only after the finder is in place, so its imports are checked too
+    from jobcore.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,7 +94,7 @@ class RefuseOutside(importlib.abc.MetaPathFinder):
         return None
 
 
-def settings_for(data_dir: Path) -> Any:
+def settings_for(data_dir: Path) -> Settings:
     from jobcore.settings import Settings
 
     return Settings(data_dir=data_dir, database_url="postgresql+psycopg://twinkle@127.0.0.1:1/x")
