@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # First the CUDA-only tests (pytest -m gpu: fp8, the CUDA precisions, the default strategy through
-# accelerate's FSDP2 where there are GPUs enough), then FSDP2 bf16 on a ~1B-parameter Llama built
+# accelerate's FSDP2 where there are GPUs enough; serving on two GPUs, and on vLLM where it is
+# installed), then FSDP2 bf16 on a ~1B-parameter Llama built
 # from a config: tokens/s, MFU, peak memory and exact-resume equality (bench/gpu_fsdp.py under
 # torchrun, one rank per visible GPU). --cpu-smoke runs the benchmark only.
 #
-#   bench/gpu.sh                    # on a CUDA machine; tests <= 100 s, benchmark <= 8 minutes
+#   bench/gpu.sh                    # on a CUDA machine; tests <= 180 s, benchmark <= 8 minutes
 #   bench/gpu.sh --cpu-smoke        # the same logic on CPU with a tiny config (2 gloo ranks)
 #   bench/gpu.sh --json-out r.json  # extra arguments go to gpu_fsdp.py (see its --help)
 #
@@ -50,8 +51,9 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 tests_status=0
 if [[ $smoke == 0 ]]; then
-    timeout --kill-after=20 "${TESTS_TIME_LIMIT_S:-100}" "$PYTHON" -m pytest -q -p no:cacheprovider \
-        -m gpu tests/integration/test_model_gpu.py || tests_status=1
+    timeout --kill-after=20 "${TESTS_TIME_LIMIT_S:-180}" "$PYTHON" -m pytest -q -p no:cacheprovider \
+        -m gpu tests/integration/test_model_gpu.py tests/integration/test_serving_multi_gpu.py \
+        tests/integration/test_serving_vllm.py || tests_status=1
 fi
 bench_status=0
 timeout --kill-after=20 "$limit" "$PYTHON" -m torch.distributed.run --standalone \

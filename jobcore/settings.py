@@ -124,7 +124,8 @@ class ServingSettings(_Environment):
         default=None,
         ge=1,
         description="Bound on the parameter bytes of the models kept loaded (least recently used "
-        "evicted first); default: 80% of the GPU's memory, or half the machine's RAM without one",
+        "evicted first); default: 80% of the leased GPUs' memory (45% with vLLM), or half the "
+        "machine's RAM without one",
     )
     serving_load_timeout: float = Field(
         default=30.0,

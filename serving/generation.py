@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from serving.loading import LoadedModel, estimate_bytes, load_with_transformers
+from serving.placement import DevicePlacer, visible_devices
 from serving.sampling import ChoiceText, Delta, SamplingParams, SeededSampler, make_generator
 from serving.targets import Target
 
@@ -164,25 +165,30 @@ def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
 class TransformersBackend:
     name = "transformers"
 
-    def __init__(self, device: torch.device | None = None) -> None:
-        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    def __init__(self, devices: list[torch.device] | None = None) -> None:
+        # Every GPU the host leased (serving/placement.py puts each model on one, or spreads it).
+        self.placer = DevicePlacer.for_devices(devices or visible_devices())
 
     def default_memory_bytes(self) -> int:
-        if self.device.type == "cuda":
-            return int(torch.cuda.get_device_properties(self.device).total_memory * 0.8)
-        import psutil
-
-        return int(psutil.virtual_memory().total // 2)
+        return sum(self.placer.capacity.values())
 
     def estimate_bytes(self, target: Target) -> int:
         return estimate_bytes(target)
 
     def load(self, target: Target) -> LoadedModel:
-        return load_with_transformers(target, self.device)
+        placement = self.placer.choose(target.key, self.estimate_bytes(target))
+        try:
+            loaded = load_with_transformers(target, placement)
+        except BaseException:
+            self.placer.removed(target.key)
+            raise
+        self.placer.placed(target.key, loaded.model)
+        return loaded
 
     def release(self, loaded: LoadedModel) -> None:
         loaded.model = None
-        if self.device.type == "cuda":
+        self.placer.removed(loaded.key)
+        if any(device.type == "cuda" for device in self.placer.devices):
             torch.cuda.empty_cache()
 
     def start(
@@ -206,13 +212,16 @@ class TransformersBackend:
     ) -> None:
         try:
             with torch.inference_mode():
-                generator = make_generator(params.seed, self.device)
+                # The inputs' device: the whole model's, or its first layers' (the logits come
+                # back there too), so the sampler draws where the scores are.
+                device = model.device
+                generator = make_generator(params.seed, device)
                 eos = eos_token_ids(model, tokenizer)
                 for number, prompt in enumerate(prompts):
                     if generation.cancelled.is_set():
                         break
                     tracker = ChoiceTracker(tokenizer, params, eos, number * params.n, generation)
-                    self._generate(model, prompt, params, generator, tracker)
+                    self._generate(model, device, prompt, params, generator, tracker)
                     if not generation.cancelled.is_set():
                         tracker.finish_open_choices()
             generation.emit(_END)
@@ -225,6 +234,7 @@ class TransformersBackend:
     def _generate(
         self,
         model: Any,
+        device: torch.device,
         prompt: list[int],
         params: SamplingParams,
         generator: torch.Generator,
@@ -232,7 +242,7 @@ class TransformersBackend:
     ) -> None:
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-        input_ids = torch.tensor([prompt] * params.n, dtype=torch.long, device=self.device)
+        input_ids = torch.tensor([prompt] * params.n, dtype=torch.long, device=device)
         processors = LogitsProcessorList()
         if params.temperature > 0:
             processors.append(SeededSampler(params.temperature, params.top_p, generator))

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from serving.errors import InvalidRequest, LoadFailed
+from serving.placement import Placement
 from serving.targets import Target
 from twinkle_core import checkpoint as ckpt
 
@@ -144,7 +145,27 @@ def load_tokenizer(weights: Path) -> Any:
         raise LoadFailed(f"{weights}: no tokenizer saved with the checkpoint ({exc})") from exc
 
 
-def load_with_transformers(target: Target, device: torch.device) -> LoadedModel:
+def put_on_devices(model: torch.nn.Module, placement: Placement) -> None:
+    """Move a model loaded on the CPU to where `placement` says: whole onto one device, or spread
+    over several by accelerate, whole decoder layers per device (its hooks move the activations
+    between them, and the logits back to the inputs' device)."""
+    if not placement.spread:
+        model.to(placement.device)
+        return
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    device_map = infer_auto_device_map(
+        model,
+        max_memory=placement.max_memory,
+        no_split_module_classes=list(getattr(model, "_no_split_modules", None) or []),
+    )
+    spilled = sorted({str(where) for where in device_map.values() if where in ("cpu", "disk")})
+    if spilled:  # the placement's shares were too tight for whole layers
+        raise LoadFailed(f"the model does not fit on the devices given to it (it would spill to {spilled})")
+    dispatch_model(model, device_map)
+
+
+def load_with_transformers(target: Target, placement: Placement) -> LoadedModel:
     from transformers import AutoModelForCausalLM
 
     weights = weights_dir(target.checkpoint)
@@ -153,12 +174,14 @@ def load_with_transformers(target: Target, device: torch.device) -> LoadedModel:
         if is_adapter(weights):
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(load_base(target, device), str(weights)).merge_and_unload()
+            base = load_base(target, placement.device)
+            model = PeftModel.from_pretrained(base, str(weights)).merge_and_unload()
         else:
             model = AutoModelForCausalLM.from_pretrained(str(weights), dtype="auto")
     except (OSError, ValueError, RuntimeError) as exc:
         raise LoadFailed(f"{target.key}: the model did not load ({exc})") from exc
-    model.to(device).eval()
+    put_on_devices(model, placement)
+    model.eval()
     loaded = LoadedModel(
         target=target,
         tokenizer=tokenizer,
@@ -166,5 +189,7 @@ def load_with_transformers(target: Target, device: torch.device) -> LoadedModel:
         bytes=parameter_bytes(model),
         model=model,
     )
-    log.info("loaded %s (%d MB) on %s", target.key, loaded.bytes // 2**20, device)
+    spread_over = sorted({str(where) for where in getattr(model, "hf_device_map", {}).values()})
+    where = ", ".join(spread_over) if placement.spread else str(placement.device)
+    log.info("loaded %s (%d MB) on %s", target.key, loaded.bytes // 2**20, where)
     return loaded

@@ -6,7 +6,8 @@ into `<data dir>/serving/merged/<digest of the checkpoint path>` (kept for the n
 full checkpoint is served from its Hugging Face directory. vLLM reserves a fraction of the GPU
 for weights and KV cache when an engine starts; each engine asks for its weights twice over
 (weights + as much KV cache) so that several fit beside each other on one device, within the
-bound of the cache.
+bound of the cache. A host that leased several GPUs shards each engine over all of them (tensor
+parallelism; fewer when the model's attention heads do not divide evenly).
 
 vLLM does the sampling (temperature, top_p, seed, n), the stop sequences and EOS itself; a
 request is aborted in the engine when its client goes away. Tested on a GPU host only
@@ -102,6 +103,22 @@ class VllmGeneration:
             yield item
 
 
+def tensor_parallel_size(attention_heads: int | None, kv_heads: int | None, gpus: int) -> int:
+    """How many of the host's GPUs one engine shards its model over: the largest power of two up
+    to their number that vLLM can split the model by (the attention heads divide evenly, and the
+    KV heads do too or are replicated evenly)."""
+    if not attention_heads:
+        return 1
+    kv = kv_heads or attention_heads
+    size = 1
+    while size * 2 <= gpus:
+        candidate = size * 2
+        if attention_heads % candidate or (kv % candidate and candidate % kv):
+            break
+        size = candidate
+    return size
+
+
 def vllm_sampling(params: SamplingParams) -> Any:
     from vllm import SamplingParams as VllmSamplingParams
 
@@ -124,10 +141,11 @@ class VllmBackend:
 
         self.merged_root = work_dir / "merged"
         self.device_bytes = int(torch.cuda.get_device_properties(0).total_memory)
+        self.gpus = torch.cuda.device_count()  # the leased ones (CUDA_VISIBLE_DEVICES)
 
     def default_memory_bytes(self) -> int:
-        # Parameter bytes: each engine also reserves as much again for its KV cache.
-        return int(self.device_bytes * MAX_UTILIZATION / 2)
+        # Parameter bytes over all the GPUs: each engine also reserves as much again for its KV cache.
+        return int(self.device_bytes * self.gpus * MAX_UTILIZATION / 2)
 
     def estimate_bytes(self, target: Target) -> int:
         return estimate_bytes(target)
@@ -159,11 +177,19 @@ class VllmBackend:
 
         directory = self.model_dir(target)
         tokenizer = load_tokenizer(directory)
-        size = safetensors_bytes(directory) or self.device_bytes // 10
-        utilization = min(MAX_UTILIZATION, max(MIN_UTILIZATION, 2 * size / self.device_bytes))
-        args = AsyncEngineArgs(model=str(directory), gpu_memory_utilization=utilization, dtype="auto")
-        engine = AsyncLLMEngine.from_engine_args(args)
         config = AutoConfig.from_pretrained(str(directory))
+        heads = getattr(config, "num_attention_heads", None)
+        shards = tensor_parallel_size(heads, getattr(config, "num_key_value_heads", None), self.gpus)
+        size = safetensors_bytes(directory) or self.device_bytes // 10
+        # The fraction of each GPU the engine reserves: its share of the weights, twice over.
+        utilization = min(MAX_UTILIZATION, max(MIN_UTILIZATION, 2 * size / shards / self.device_bytes))
+        args = AsyncEngineArgs(
+            model=str(directory),
+            gpu_memory_utilization=utilization,
+            dtype="auto",
+            tensor_parallel_size=shards,
+        )
+        engine = AsyncLLMEngine.from_engine_args(args)
         return LoadedModel(
             target=target,
             tokenizer=tokenizer,
