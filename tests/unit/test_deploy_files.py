@@ -120,6 +120,34 @@ def test_worker_gpus_are_never_defaulted_to_an_empty_list(services: dict[str, An
     assert "TWINKLE_WORKER_GPUS" not in environment or environment["TWINKLE_WORKER_GPUS"]
 
 
+GPU_MACHINE = ("worker", "serving")  # the services that lease GPUs from one pool
+
+
+def environment_of(service: dict[str, Any]) -> dict[str, str]:
+    """A service's `environment`, in either of compose's forms (a mapping, or KEY=VALUE items)."""
+    environment = service.get("environment", {})
+    if isinstance(environment, list):
+        return dict(item.split("=", 1) for item in environment)
+    return dict(environment)
+
+
+def test_worker_and_serving_host_lease_gpus_from_one_pool(services: dict[str, Any]) -> None:
+    # GPU leases (jobcore/gpu_leases.py) are shared by the processes of one machine name,
+    # TWINKLE_WORKER_HOST, which defaults to the hostname, and every container has its own: unless
+    # both are given one name and the same GPUs, the serving host leases a GPU training also uses.
+    names = {environment_of(services[name]).get("TWINKLE_WORKER_HOST") for name in GPU_MACHINE}
+    assert len(names) == 1 and all(names), names
+    every_gpu = [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+    for name in GPU_MACHINE:
+        assert services[name]["deploy"]["resources"]["reservations"]["devices"] == every_gpu, name
+    # Nothing else gets the name: it stands for the worker container's GPUs and PID namespace. A
+    # worker takes the WorkerNode rows of its own name for processes it can see and checks their
+    # PIDs (worker/reconciler.py, registry.process_is_alive); the serving host registers no such row.
+    for name, service in services.items():
+        if name not in GPU_MACHINE:
+            assert "TWINKLE_WORKER_HOST" not in environment_of(service), name
+
+
 def test_server_and_workers_share_data_and_checkpoint_volumes(
     compose: dict[str, Any], services: dict[str, Any]
 ) -> None:
