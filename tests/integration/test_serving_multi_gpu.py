@@ -6,11 +6,11 @@ tests/unit/test_serving_placement.py."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from serving_host import copied_checkpoint
 
 from serving.generation import TransformersBackend
 from serving.loading import LoadedModel
@@ -23,16 +23,6 @@ pytestmark = [
 ]
 
 GPU0, GPU1 = torch.device("cuda", 0), torch.device("cuda", 1)
-
-
-def _checkpoint(tiny_model_dir: Path, tmp_path: Path) -> Path:
-    from twinkle_core import checkpoint as ckpt
-
-    final = ckpt.step_dir(tmp_path / "job-1" / ckpt.CHECKPOINTS_DIR, 1)
-    final.parent.mkdir(parents=True)
-    temp = ckpt.temp_dir_for(final)
-    shutil.copytree(tiny_model_dir, temp)
-    return ckpt.finalize(temp, final)
 
 
 def _greedy(backend: TransformersBackend, loaded: LoadedModel, prompt: list[int]) -> str:
@@ -48,7 +38,7 @@ def _greedy(backend: TransformersBackend, loaded: LoadedModel, prompt: list[int]
 def test_models_go_to_different_gpus_and_a_spread_model_answers_as_on_one(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    checkpoint = _checkpoint(tiny_model_dir, tmp_path)
+    checkpoint = copied_checkpoint(tiny_model_dir, tmp_path)
     backend = TransformersBackend([GPU0, GPU1])
     first = backend.load(Target("first", checkpoint, None, "m"))
     second = backend.load(Target("second", checkpoint, None, "m"))

@@ -4,7 +4,8 @@ talks to it.
 
 `make_checkpoint` trains a tiny model for two steps with twinkle_core's own TransformersModel and
 saves it as the runner does (`<jobs root>/<job>/checkpoints/step-2`, COMPLETE marker last), full
-or LoRA. `running_host` serves an app on a free port and yields its URL.
+or LoRA; `copied_checkpoint` makes a saved model a complete checkpoint as it is, with no training.
+`running_host` serves an app on a free port and yields its URL.
 """
 
 from __future__ import annotations
@@ -18,6 +19,19 @@ from typing import Any
 
 SECRET = "test-serving-secret"
 TEXTS = ["the cat likes small boats.", "a robot builds long books.", "our team reads old maps."]
+
+
+def copied_checkpoint(model_dir: Path, jobs_root: Path, job: str = "job-1") -> Path:
+    """`model_dir` copied into `<jobs root>/<job>/checkpoints/step-1`, made complete."""
+    import shutil
+
+    from twinkle_core import checkpoint as ckpt
+
+    final = ckpt.step_dir(jobs_root / job / ckpt.CHECKPOINTS_DIR, 1)
+    final.parent.mkdir(parents=True)
+    temp = ckpt.temp_dir_for(final)
+    shutil.copytree(model_dir, temp)
+    return ckpt.finalize(temp, final)
 
 
 def build_long_context_model(out_dir: Path, tokenizer_dir: Path, max_positions: int = 4096) -> Path:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from serving_host import copied_checkpoint
 
 from serving.errors import LoadFailed
 from serving.generation import TransformersBackend
@@ -54,22 +55,10 @@ def test_a_host_with_one_device_puts_every_model_there() -> None:
     assert placer.choose("b", 80) == Placement(CPU)
 
 
-def _checkpoint(tiny_model_dir: Path, tmp_path: Path) -> Path:
-    import shutil
-
-    from twinkle_core import checkpoint as ckpt
-
-    final = ckpt.step_dir(tmp_path / "job-1" / ckpt.CHECKPOINTS_DIR, 1)
-    final.parent.mkdir(parents=True)
-    temp = ckpt.temp_dir_for(final)
-    shutil.copytree(tiny_model_dir, temp)
-    return ckpt.finalize(temp, final)
-
-
 def test_the_backend_counts_what_a_load_holds_frees_it_and_keeps_nothing_of_a_failed_load(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    checkpoint = _checkpoint(tiny_model_dir, tmp_path)
+    checkpoint = copied_checkpoint(tiny_model_dir, tmp_path)
     backend = TransformersBackend([CPU])
     capacity = backend.placer.capacity[CPU]
     loaded = backend.load(Target(str(checkpoint), checkpoint, None, "m"))
