@@ -37,9 +37,13 @@ def server(host: str, port: int, num_workers: int) -> None:
 @click.option("--beat/--no-beat", default=True, show_default=True, help="Also run the reconciler schedule")
 def worker(concurrency: int | None, beat: bool) -> None:
     """Run a worker: claims queued jobs and supervises their torchrun processes."""
+    from worker.agent import WorkerNameInUse
     from worker.main import run_worker
 
-    run_worker(get_settings(), concurrency=concurrency, beat=beat)
+    try:
+        run_worker(get_settings(), concurrency=concurrency, beat=beat)
+    except WorkerNameInUse as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @cli.command()

@@ -29,13 +29,17 @@ from worker.exports import Exporter
 from worker.gang_node import NodeSupervisor
 from worker.gpus import GpuLedger, discover_gpus
 from worker.launch import DEFAULT_RUNNER
-from worker.registry import ONLINE, new_worker_id, register
+from worker.registry import ONLINE, new_worker_id, register, worker_of_this_name_elsewhere
 from worker.supervisor import Assignment, Supervisor
 
 log = logging.getLogger(__name__)
 
 RUNNER_ENV = "TWINKLE_WORKER_RUNNER"  # the module (or .py script) torchrun runs; tests only
 HOUSEKEEPING_SECONDS = 30.0  # retention sweep, disk usage
+
+
+class WorkerNameInUse(RuntimeError):
+    """Another live worker, on another machine, registered under this worker's machine name."""
 
 
 class WorkerAgent:
@@ -76,6 +80,13 @@ class WorkerAgent:
 
     def start(self) -> None:
         self.settings.ensure_dirs()
+        other = worker_of_this_name_elsewhere(self.db, self.host, self.settings.heartbeat_seconds)
+        if other is not None:
+            raise WorkerNameInUse(
+                f"worker {other} is alive under the machine name {self.host!r} but is no process of "
+                "this machine: another machine or container uses the same TWINKLE_WORKER_HOST, and "
+                "each would take the other for dead and requeue its jobs; give each its own name"
+            )
         with session_scope(self.db) as session:
             register(session, self.worker_id, self.host, self.ledger.gpus, self.slots)
         log.info(

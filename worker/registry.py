@@ -3,18 +3,28 @@
 A row's `started_at` is the OS creation time of the worker process, so another worker on the
 same host can tell "that PID is still my predecessor" from "the PID was reused" (psutil reports
 the creation time of whatever process holds the PID now).
+
+That check assumes a machine name (`TWINKLE_WORKER_HOST`) stands for one machine, one PID
+namespace: a worker takes the online rows of its name whose process it cannot see for dead
+predecessors, and the reconciler requeues their jobs. Two machines (or containers) under one name
+would do that to each other, so a worker starting under a name whose invisible rows still
+heartbeat refuses to start (`worker_of_this_name_elsewhere`).
 """
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import psutil
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jobcore.db.models import WorkerNode, utcnow
+from jobcore.db.session import session_scope
 
 ONLINE, OFFLINE, DEAD = "online", "offline", "dead"
 
@@ -49,3 +59,33 @@ def process_is_alive(row: WorkerNode) -> bool:
     except psutil.Error:
         return False
     return abs(created - row.started_at.timestamp()) < 1.0
+
+
+def _invisible_heartbeats(database_url: str, host: str) -> dict[str, datetime]:
+    """{id: heartbeat} of the online rows of `host` whose process this machine does not run."""
+    with session_scope(database_url) as session:
+        rows = session.scalars(select(WorkerNode).where(WorkerNode.host == host, WorkerNode.status == ONLINE))
+        return {row.id: row.heartbeat_at for row in rows if not process_is_alive(row)}
+
+
+def worker_of_this_name_elsewhere(
+    database_url: str,
+    host: str,
+    heartbeat_seconds: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str | None:
+    """The id of a live worker registered under `host` that is not a process of this machine:
+    one whose row is online, whose PID is not (or no longer) here, and whose heartbeat moves on
+    within two heartbeats. None when there is none: a dead predecessor's heartbeat stands still,
+    and only then costs a start this wait."""
+    suspects = _invisible_heartbeats(database_url, host)
+    if not suspects:
+        return None
+    deadline = time.monotonic() + 2 * heartbeat_seconds + 0.5
+    while time.monotonic() < deadline:
+        sleep(min(0.5, heartbeat_seconds / 2))
+        now = _invisible_heartbeats(database_url, host)
+        for worker_id, heartbeat in now.items():
+            if worker_id in suspects and heartbeat > suspects[worker_id]:
+                return worker_id
+    return None

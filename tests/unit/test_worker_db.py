@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -408,3 +409,71 @@ def test_sweep_creates_deliveries_for_jobs_finished_elsewhere(settings: Settings
         assert webhooks.sweep_missing_deliveries(session) == 0
         events = session.scalars(select(WebhookDelivery.event).where(WebhookDelivery.job_id == job_id)).all()
     assert events == ["job.cancelled"]
+
+
+def _heartbeating(settings: Settings, worker_id: str, stop: threading.Event) -> threading.Thread:
+    """A worker row kept alive as another machine's worker would keep it: its heartbeat moves on."""
+
+    def beat() -> None:
+        while not stop.wait(0.05):
+            with session_scope(settings.resolved_database_url) as session:
+                session.get_one(WorkerNode, worker_id).heartbeat_at = utcnow()
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    return thread
+
+
+def _worker_row(settings: Settings, worker_id: str, pid: int, host: str | None = None) -> None:
+    with session_scope(settings.resolved_database_url) as session:
+        session.add(
+            WorkerNode(
+                id=worker_id,
+                host=host or settings.worker_host,
+                pid=pid,
+                started_at=process_started_at(pid),
+                heartbeat_at=utcnow(),
+            )
+        )
+
+
+def test_a_worker_refuses_a_machine_name_that_a_live_worker_elsewhere_uses(settings: Settings) -> None:
+    from worker.agent import WorkerAgent, WorkerNameInUse
+
+    _worker_row(settings, "w-elsewhere", os.getpid())
+    with session_scope(settings.resolved_database_url) as session:  # its PID is no process here
+        session.get_one(WorkerNode, "w-elsewhere").pid = _dead_pid()
+    stop = threading.Event()
+    beating = _heartbeating(settings, "w-elsewhere", stop)
+    agent = WorkerAgent(settings.model_copy(update={"heartbeat_seconds": 0.2}))
+    try:
+        with pytest.raises(WorkerNameInUse, match=r"w-elsewhere.*TWINKLE_WORKER_HOST"):
+            agent.start()
+    finally:
+        stop.set()
+        beating.join()
+    with session_scope(settings.resolved_database_url) as session:
+        assert session.get(WorkerNode, agent.worker_id) is None  # it never registered
+        assert session.get_one(WorkerNode, "w-elsewhere").status == "online"  # nor took it for dead
+
+
+def test_a_dead_predecessor_a_live_local_worker_or_another_name_do_not_stop_a_start(
+    settings: Settings,
+) -> None:
+    from worker.registry import worker_of_this_name_elsewhere
+
+    _worker_row(settings, "w-dead", os.getpid())
+    with session_scope(settings.resolved_database_url) as session:
+        session.get_one(WorkerNode, "w-dead").pid = _dead_pid()  # its heartbeat stands still
+    _worker_row(settings, "w-here", os.getpid())  # a live process of this machine
+    _worker_row(settings, "w-other-name", os.getpid(), host="another-machine")
+    with session_scope(settings.resolved_database_url) as session:
+        session.get_one(WorkerNode, "w-other-name").pid = _dead_pid()
+    stop = threading.Event()
+    beating = _heartbeating(settings, "w-other-name", stop)
+    try:
+        db = settings.resolved_database_url
+        assert worker_of_this_name_elsewhere(db, settings.worker_host, heartbeat_seconds=0.2) is None
+    finally:
+        stop.set()
+        beating.join()
