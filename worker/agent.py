@@ -80,7 +80,9 @@ class WorkerAgent:
 
     def start(self) -> None:
         self.settings.ensure_dirs()
-        other = worker_of_this_name_elsewhere(self.db, self.host, self.settings.heartbeat_seconds)
+        other = worker_of_this_name_elsewhere(
+            self.db, self.host, self.settings.heartbeat_seconds, self.settings.stale_after_seconds
+        )
         if other is not None:
             raise WorkerNameInUse(
                 f"worker {other} is alive under the machine name {self.host!r} but is no process of "

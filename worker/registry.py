@@ -17,7 +17,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import psutil
 from sqlalchemy import select
@@ -61,10 +61,15 @@ def process_is_alive(row: WorkerNode) -> bool:
     return abs(created - row.started_at.timestamp()) < 1.0
 
 
-def _invisible_heartbeats(database_url: str, host: str) -> dict[str, datetime]:
-    """{id: heartbeat} of the online rows of `host` whose process this machine does not run."""
+def _invisible_heartbeats(database_url: str, host: str, since: datetime) -> dict[str, datetime]:
+    """{id: heartbeat} of the online rows of `host` that heartbeat after `since` and whose process
+    this machine does not run."""
     with session_scope(database_url) as session:
-        rows = session.scalars(select(WorkerNode).where(WorkerNode.host == host, WorkerNode.status == ONLINE))
+        rows = session.scalars(
+            select(WorkerNode).where(
+                WorkerNode.host == host, WorkerNode.status == ONLINE, WorkerNode.heartbeat_at >= since
+            )
+        )
         return {row.id: row.heartbeat_at for row in rows if not process_is_alive(row)}
 
 
@@ -72,19 +77,21 @@ def worker_of_this_name_elsewhere(
     database_url: str,
     host: str,
     heartbeat_seconds: float,
+    stale_after_seconds: float,
     sleep: Callable[[float], None] = time.sleep,
 ) -> str | None:
     """The id of a live worker registered under `host` that is not a process of this machine:
     one whose row is online, whose PID is not (or no longer) here, and whose heartbeat moves on
     within two heartbeats. None when there is none: a dead predecessor's heartbeat stands still,
-    and only then costs a start this wait."""
-    suspects = _invisible_heartbeats(database_url, host)
+    and costs a start this wait only while it is younger than `stale_after_seconds`."""
+    since = utcnow() - timedelta(seconds=stale_after_seconds)
+    suspects = _invisible_heartbeats(database_url, host, since)
     if not suspects:
         return None
     deadline = time.monotonic() + 2 * heartbeat_seconds + 0.5
     while time.monotonic() < deadline:
         sleep(min(0.5, heartbeat_seconds / 2))
-        now = _invisible_heartbeats(database_url, host)
+        now = _invisible_heartbeats(database_url, host, since)
         for worker_id, heartbeat in now.items():
             if worker_id in suspects and heartbeat > suspects[worker_id]:
                 return worker_id

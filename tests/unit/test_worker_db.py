@@ -466,6 +466,10 @@ def test_a_dead_predecessor_a_live_local_worker_or_another_name_do_not_stop_a_st
     with session_scope(settings.resolved_database_url) as session:
         session.get_one(WorkerNode, "w-dead").pid = _dead_pid()  # its heartbeat stands still
     _worker_row(settings, "w-here", os.getpid())  # a live process of this machine
+    _worker_row(settings, "w-long-gone", os.getpid())
+    with session_scope(settings.resolved_database_url) as session:  # stale: not even waited for
+        row = session.get_one(WorkerNode, "w-long-gone")
+        row.pid, row.heartbeat_at = _dead_pid(), utcnow() - timedelta(hours=1)
     _worker_row(settings, "w-other-name", os.getpid(), host="another-machine")
     with session_scope(settings.resolved_database_url) as session:
         session.get_one(WorkerNode, "w-other-name").pid = _dead_pid()
@@ -473,7 +477,7 @@ def test_a_dead_predecessor_a_live_local_worker_or_another_name_do_not_stop_a_st
     beating = _heartbeating(settings, "w-other-name", stop)
     try:
         db = settings.resolved_database_url
-        assert worker_of_this_name_elsewhere(db, settings.worker_host, heartbeat_seconds=0.2) is None
+        assert worker_of_this_name_elsewhere(db, settings.worker_host, 0.2, stale_after_seconds=30) is None
     finally:
         stop.set()
         beating.join()
