@@ -9,10 +9,10 @@ A Llama is built from a config (no download) and saved once; then, for each stra
 the optimizer has state), and times, alternating, `--repeats` times:
 
 - ours: `model.save(name, save_optimizer=True)` and `model.resume_from_checkpoint(path)`, in the
-  layout the strategy writes by default: under DDP HF safetensors weights + tokenizer, DCP
-  optimizer; under FSDP2 the sharded layout (model and optimizer shards in one DCP save, config +
-  tokenizer beside them); both with scheduler, per-rank RNG, trainer_state.json, fsync and the
-  completion marker;
+  layout the strategy writes by default: under DDP HF safetensors weights + tokenizer (rank 0)
+  and the optimizer in one `torch.save` (the last rank); under FSDP2 the sharded layout (model
+  and optimizer shards in one DCP save, config + tokenizer beside them); both with scheduler,
+  per-rank RNG, trainer_state.json, fsync and the completion marker;
 - baseline, DDP (`strategy="accelerate"`): rank 0 `torch.save({"model", "optimizer", "scheduler"})`
   + per-rank RNG `torch.save`; resume: `torch.load` + `load_state_dict` on every rank;
 - baseline, FSDP2 (`strategy="native_fsdp"`, fsdp_size=2): `dcp.save` of the sharded model and

@@ -28,6 +28,7 @@ CONFIGS = [
     "ddp_fp16",
     "fsdp2_fp16",
     "fsdp2_hf",  # FSDP2 with the HF layout (hf_weights=True); plain "fsdp2" checkpoints are sharded
+    "ddp_dcp_optimizer",  # a DDP checkpoint with the optimizer in DCP (`optimizer/`), as before optimizer.pt
 ]
 
 
@@ -116,6 +117,20 @@ def test_checkpoints_load_as_hf_models_in_either_layout(
     base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
     PeftModel.from_pretrained(base, str(hf_model_dir(work / "fsdp2_lora" / "straight")))
     assert (work / "ddp_fp16" / "straight" / "scaler.pt").is_file()
+
+
+def test_a_ddp_checkpoint_holds_the_optimizer_in_one_file(trained: dict[str, Any]) -> None:
+    work: Path = trained["work"]
+    for config in ("ddp", "ddp_lora", "ddp_bf16", "ddp_fp16"):
+        for checkpoint in (work / config / "straight", work / config / "half"):
+            assert (checkpoint / "optimizer.pt").is_file(), checkpoint
+            assert not (checkpoint / "optimizer").exists(), checkpoint
+    # FSDP2 shards the optimizer: beside HF weights it is still one DCP shard per rank.
+    hf_layout = work / "fsdp2_hf" / "half"
+    assert (hf_layout / "optimizer" / ".metadata").is_file() and not (hf_layout / "optimizer.pt").exists()
+    # What test_exact_resume_in_a_new_process_is_bitwise resumed for ddp_dcp_optimizer:
+    old_layout = work / "ddp_dcp_optimizer" / "half"
+    assert (old_layout / "optimizer" / ".metadata").is_file() and not (old_layout / "optimizer.pt").exists()
 
 
 def test_a_sharded_checkpoint_is_a_model_id(trained: dict[str, Any]) -> None:

@@ -398,6 +398,27 @@ def test_full_parameter_checkpoint_restores_through_model_id(tiny_model_dir: Pat
         assert torch.equal(a, b)
 
 
+def test_an_optimizer_saved_through_dcp_still_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # Unsharded checkpoints hold the optimizer in optimizer.pt; those written before it, in DCP.
+    from twinkle_core.model import state_io
+
+    model = _model(tiny_model_dir)
+    model.set_optimizer("adamw", lr=1e-2)
+    _train_steps(model, 2)
+    path = Path(model.save("ckpt", output_dir=tmp_path, save_optimizer=True))
+    assert (path / "optimizer.pt").is_file() and not (path / "optimizer").exists()
+    assert model.optimizer is not None
+    state_io.save_optimizer(model.wrapped, model.optimizer, path / state_io.OPTIMIZER_DIR)
+    (path / state_io.OPTIMIZER_FILE).unlink()
+    restored = _model(tiny_model_dir)
+    restored.set_optimizer("adamw", lr=1e-2)
+    assert restored.resume_from_checkpoint(path)["cur_step"] == 2
+    _train_steps(model, 1)
+    _train_steps(restored, 1)
+    for a, b in zip(model.model.parameters(), restored.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_resume_preconditions(tiny_model_dir: Path, tmp_path: Path) -> None:
     model = _model(tiny_model_dir)
     model.set_optimizer("adamw", lr=1e-2)
@@ -597,11 +618,14 @@ def test_incomplete_or_temporary_checkpoints_are_never_loaded(tiny_model_dir: Pa
     path = Path(model.save("ckpt", output_dir=tmp_path, save_optimizer=True))
     temporary = tmp_path / ".tmp-step-3"
     shutil.copytree(path, temporary)
-    pruned = tmp_path / "half-pruned"  # trainer_state.json already gone, optimizer/ and RNG still there
+    pruned = tmp_path / "half-pruned"  # trainer_state.json already gone, optimizer.pt and RNG still there
     shutil.copytree(path, pruned)
     (pruned / "COMPLETE").unlink()
     (pruned / "trainer_state.json").unlink()
-    for directory in (temporary, pruned):
+    further = tmp_path / "more-pruned"  # of the training state only optimizer.pt is left
+    shutil.copytree(pruned, further)
+    (further / "rng_state_0.pth").unlink()
+    for directory in (temporary, pruned, further):
         with pytest.raises(ValueError, match="incomplete checkpoint"):
             _model(directory)
     assert _model(path).model_dir == path  # the complete one loads

@@ -9,11 +9,13 @@ A checkpoint folder holds the weights in one of two layouts (`twinkle_core.check
   resume reads each rank's shards alone. `twinkle_core.checkpoint.hf_model_dir` consolidates the
   HF files on first use (inference, export, `model_id=<checkpoint>`).
 
-Both also hold the tokenizer, and with the optimizer what an exact resume needs: the sharded
-optimizer state (DCP, one shard per rank), the scheduler, the fp16 scaler, each rank's RNG state,
-and `trainer_state.json` (progress and the settings a resume must match). A checkpoint is written
-into a temporary directory and made complete by `twinkle_core.checkpoint.finalize` (marker last,
-atomic rename), and only complete folders are ever read.
+Both also hold the tokenizer, and with the optimizer what an exact resume needs: the optimizer
+state (in `dcp/` for the sharded layout; beside HF weights `optimizer.pt`, one file, where every
+rank holds the same state (DDP, one process), else DCP in `optimizer/`, one shard per rank), the
+scheduler, the fp16 scaler, each rank's RNG state, and `trainer_state.json` (progress and the
+settings a resume must match). A checkpoint is written into a temporary directory and made complete
+by `twinkle_core.checkpoint.finalize` (marker last, atomic rename), and only complete folders are
+ever read.
 
 `Checkpointer` is the contract the model wrapper relies on; `HFCheckpointer` implements it for
 any object with the parts listed in `CheckpointedModel` (TransformersModel is one, and passes
@@ -147,8 +149,8 @@ class HFCheckpointer:
         if save_optimizer:
             assert optim.optimizer is not None
             if not sharded:
-                state_io.save_optimizer(owner.wrapped, optim.optimizer, temp / state_io.OPTIMIZER_DIR)
-            # Taken here, after the optimizer's DCP save, exactly where it always was.
+                self._save_optimizer(owner, optim.optimizer, temp)
+            # Taken here, after the optimizer's state dict, exactly where it always was.
             rng = window_rng if window_rng is not None else state_io.rng_state()
             torch.save(rng, temp / state_io.rng_file(info.rank))
             if info.is_main:
@@ -184,6 +186,22 @@ class HFCheckpointer:
         if owner.train_adapter is not None:
             return False  # an adapter is small: always its plain HF files
         return not hf_weights if hf_weights is not None else owner.strategy.sharded
+
+    @staticmethod
+    def _save_optimizer(owner: CheckpointedModel, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+        """The optimizer beside HF weights: one file where every rank holds the same state (DDP, one
+        process), else DCP (FSDP2 with `hf_weights=True`), each rank its own shard."""
+        if owner.strategy.sharded:
+            state_io.save_optimizer(owner.wrapped, optimizer, directory / state_io.OPTIMIZER_DIR)
+            return
+        # The last rank writes it: under DDP not rank 0, which writes the HF weights meanwhile.
+        info = owner.info
+        state_io.save_replicated_optimizer(
+            owner.wrapped,
+            optimizer,
+            directory / state_io.OPTIMIZER_FILE,
+            write=info.rank == info.world_size - 1,
+        )
 
     def _save_model_files(self, owner: CheckpointedModel, directory: Path) -> None:
         """What a sharded checkpoint needs beside its shards to become an HF folder: the config,
@@ -236,8 +254,7 @@ class HFCheckpointer:
                 raise ValueError(
                     "set_optimizer (and set_lr_scheduler) must come before resume_from_checkpoint"
                 )
-            optimizer_dir = state_io.SHARDED_DIR if sharded else state_io.OPTIMIZER_DIR
-            if not state.get("has_optimizer") or not (path / optimizer_dir).is_dir():
+            if not state.get("has_optimizer") or not _has_optimizer_state(path, sharded):
                 raise ValueError(
                     f"checkpoint {path} has no optimizer state (saved with save_optimizer=False)"
                 )
@@ -256,7 +273,7 @@ class HFCheckpointer:
             self._load_weights(owner, path)
             if with_optimizer:
                 assert optim.optimizer is not None
-                state_io.load_optimizer(owner.wrapped, optim.optimizer, path / state_io.OPTIMIZER_DIR)
+                self._load_optimizer(owner, optim.optimizer, path)
         if resume_only_model:
             return progress
         if optim.lr_scheduler is not None:
@@ -277,6 +294,18 @@ class HFCheckpointer:
             optim.grad_scaler.load_state_dict(torch.load(scaler_file, weights_only=False))
         state_io.set_rng_state(torch.load(path / state_io.rng_file(info.rank), weights_only=False))
         return progress
+
+    @staticmethod
+    def _load_optimizer(owner: CheckpointedModel, optimizer: torch.optim.Optimizer, path: Path) -> None:
+        """The optimizer beside HF weights, from whichever of `_save_optimizer`'s two forms the
+        checkpoint holds (a DDP checkpoint written before the single file holds the DCP one)."""
+        file = path / state_io.OPTIMIZER_FILE
+        if file.is_file():
+            state_io.load_replicated_optimizer(
+                owner.wrapped, optimizer, file, owner.info.device, sharded=owner.strategy.sharded
+            )
+        else:
+            state_io.load_optimizer(owner.wrapped, optimizer, path / state_io.OPTIMIZER_DIR)
 
     def _load_weights(self, owner: CheckpointedModel, path: Path) -> None:
         wrapped = owner.wrapped
@@ -329,12 +358,19 @@ def base_model(model: nn.Module) -> Any:
     return get_base() if get_base is not None else model
 
 
+def _has_optimizer_state(path: Path, sharded: bool) -> bool:
+    if sharded:
+        return (path / state_io.SHARDED_DIR).is_dir()
+    return (path / state_io.OPTIMIZER_FILE).is_file() or (path / state_io.OPTIMIZER_DIR).is_dir()
+
+
 def looks_like_checkpoint(path: Path) -> bool:
     """A directory written by `save` (complete or not): a temporary name or training-state files."""
     if path.name.startswith((".tmp-", ".old-")):
         return True
     markers = (
         ckpt.TRAINER_STATE_FILE,
+        state_io.OPTIMIZER_FILE,
         state_io.OPTIMIZER_DIR,
         state_io.SHARDED_DIR,
         state_io.SCHEDULER_FILE,

@@ -1,5 +1,5 @@
 """Saving and restoring the stateful parts of training: weights (HF files, or sharded through DCP),
-optimizer (DCP), RNG per rank."""
+optimizer (one file when every rank holds the same state, else DCP), RNG per rank."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ from torch import nn
 
 from twinkle_core.checkpoint import SHARDED_STATE_DIR
 
+# The optimizer of a checkpoint with HF weights: one torch.save when the strategy does not shard
+# (DDP, one process: every rank holds the same state), else DCP, each rank its own shard. HF-layout
+# checkpoints written before OPTIMIZER_FILE existed hold OPTIMIZER_DIR under DDP too.
+OPTIMIZER_FILE = "optimizer.pt"
 OPTIMIZER_DIR = "optimizer"
 SHARDED_DIR = SHARDED_STATE_DIR  # model (+ optimizer) of a sharded checkpoint, one DCP save
 SCHEDULER_FILE = "scheduler.pt"
@@ -90,6 +94,37 @@ def load_optimizer(wrapped: nn.Module, optimizer: torch.optim.Optimizer, directo
     state = {"optimizer": get_optimizer_state_dict(wrapped, optimizer)}
     dcp.load(state, checkpoint_id=str(directory))
     set_optimizer_state_dict(wrapped, optimizer, state["optimizer"])
+
+
+def save_replicated_optimizer(
+    wrapped: nn.Module, optimizer: torch.optim.Optimizer, file: Path, write: bool
+) -> None:
+    """The optimizer state of a strategy that does not shard it (DDP, one process), where every
+    rank holds the same state: one `torch.save` by the rank with `write`, instead of DCP's planning
+    collectives and a file per rank. Every rank calls it, none waits for another."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    # Every rank takes the state dict, not only the writer: on an optimizer without state yet it
+    # creates the state (a zero-lr step), which must happen alike on all ranks. It is the form the
+    # DCP save held: keyed by parameter name rather than position in the optimizer, so a resume
+    # matches the state by name (a LoRA model trains a subset of the parameters; a different one
+    # fails with the missing names instead of taking another parameter's state).
+    state = get_optimizer_state_dict(wrapped, optimizer)
+    if write:
+        torch.save(state, file)
+
+
+def load_replicated_optimizer(
+    wrapped: nn.Module, optimizer: torch.optim.Optimizer, file: Path, device: torch.device, sharded: bool
+) -> None:
+    """Restore `save_replicated_optimizer`'s file on every rank (a shared filesystem, as for the HF
+    weights). `sharded`: this strategy shards the optimizer, so each rank keeps its part of the
+    full state (a checkpoint of a DDP run resumed under FSDP2)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    # Onto this rank's device: a CUDA state would otherwise land on the writer's GPU on every rank.
+    state = torch.load(file, map_location=device, weights_only=False)
+    set_optimizer_state_dict(wrapped, optimizer, state, options=StateDictOptions(full_state_dict=sharded))
 
 
 def save_sharded(wrapped: nn.Module, optimizer: torch.optim.Optimizer | None, directory: Path) -> None:

@@ -24,7 +24,7 @@ from twinkle_core import DeviceMesh
 from twinkle_core.checkpoint import hf_model_dir
 from twinkle_core.dataloader import DataLoader
 from twinkle_core.dataset import Dataset
-from twinkle_core.model import TransformersModel
+from twinkle_core.model import TransformersModel, state_io
 from twinkle_core.model.state_io import full_model_state_dict
 
 STEPS = 4
@@ -40,6 +40,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "fsdp2_fp16": {"strategy": "native_fsdp", "mixed_precision": "fp16", "fsdp": 2},
     # FSDP2 checkpoints are sharded (DCP) by default; this one writes the HF weights instead.
     "fsdp2_hf": {"strategy": "native_fsdp", "mixed_precision": "no", "fsdp": 2, "hf_weights": True},
+    # DDP whose `half` checkpoint holds the optimizer as checkpoints before optimizer.pt did (DCP).
+    "ddp_dcp_optimizer": {"strategy": "accelerate", "mixed_precision": "no", "dcp_optimizer": True},
 }
 
 
@@ -109,13 +111,15 @@ def phase_train(work: Path, model_dir: str, data_file: str) -> dict[str, Any]:
         data = loader(model, data_file)
         train(model, data, STEPS // 2)
         consumed = data.get_state()["consumed_train_samples"]
-        model.save(
+        half = model.save(
             "half",
             output_dir=work / name,
             save_optimizer=True,
             consumed_train_samples=consumed,
             hf_weights=cfg.get("hf_weights"),
         )
+        if cfg.get("dcp_optimizer"):
+            to_dcp_optimizer(model, Path(half))
         out[name] = {"losses": losses}
         if cfg.get("lora"):
             state = finals[name]
@@ -140,6 +144,17 @@ def phase_train(work: Path, model_dir: str, data_file: str) -> dict[str, Any]:
         if dist.get_rank() == 0:
             out[f"accumulation_{name}"] = max_diff(big_w, small_w)
     return out
+
+
+def to_dcp_optimizer(model: TransformersModel, checkpoint: Path) -> None:
+    """Rewrite a DDP checkpoint's optimizer.pt as the DCP directory that held the optimizer before
+    it (the same state: `model` has not stepped since the save). Every rank calls it."""
+    assert model.optimizer is not None
+    state_io.save_optimizer(model.wrapped, model.optimizer, checkpoint / state_io.OPTIMIZER_DIR)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        (checkpoint / state_io.OPTIMIZER_FILE).unlink()
+    dist.barrier()
 
 
 def phase_resume(work: Path, model_dir: str, data_file: str) -> dict[str, Any]:
