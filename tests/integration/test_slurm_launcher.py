@@ -149,6 +149,10 @@ def slurm_service(
         yield SlurmService(svc, token)
     finally:
         svc.stop()
+        # A test that failed midway may leave its Slurm job queued or running on the shared
+        # cluster, where it would take the nodes of whatever runs next (the suite's next run too).
+        for job_dir in (Path(svc.data_dir) / "jobs").glob("job-*"):
+            subprocess.run(["scancel", f"--name=twinkle-{job_dir.name}"], capture_output=True)
 
 
 def slurm_spec(tiny_model_dir: Path, text_dataset: Path) -> dict[str, Any]:
@@ -227,7 +231,8 @@ def test_pause_signals_the_ranks_and_cancel_scancels_the_slurm_job(
     assert slurm_account(first) == WORKER_ACCOUNT
     with slurm_service.svc.client() as client:
         # Pause: SIGUSR1 through Slurm to the ranks, which checkpoint and exit.
-        assert client.post(f"/v1/jobs/{job_id}/pause").status_code == 200
+        answer = client.post(f"/v1/jobs/{job_id}/pause")
+        assert answer.status_code == 200, (answer.text, slurm_service.svc.worker_log())
         deadline = time.monotonic() + 120
         while (job := slurm_service.job(job_id))["status"] != "paused":
             assert job["status"] in ("running", "pausing") and time.monotonic() < deadline, job
@@ -240,10 +245,12 @@ def test_pause_signals_the_ranks_and_cancel_scancels_the_slurm_job(
         # Resume: a new attempt, a new Slurm job, held again; cancel it there.
         (slurm_service.job_dir(job_id) / "held").unlink()
         slurm_service.token.write_text("hold")
-        assert client.post(f"/v1/jobs/{job_id}/resume").status_code == 200
+        answer = client.post(f"/v1/jobs/{job_id}/resume")
+        assert answer.status_code == 200, (answer.text, slurm_service.svc.worker_log())
         second = slurm_service.wait_held(job_id)
         assert second != first and slurm_service.job(job_id)["attempt"] == 2
-        assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
+        answer = client.post(f"/v1/jobs/{job_id}/cancel")
+        assert answer.status_code == 200, (answer.text, slurm_service.svc.worker_log())
     job = slurm_service.svc.wait_terminal(job_id, timeout=120)
     assert job["status"] == "cancelled", (job, slurm_service.svc.worker_log())
     assert job["engine"] == {"name": "slurm", "job_id": second, "state": "CANCELLED"}, job
@@ -260,8 +267,7 @@ def test_a_preempted_job_is_requeued_by_slurm_and_resumes_from_its_checkpoint(
     slurm("sbatch", "-p", "urgent", "-N2", "-c2", "-J", "urgent", "-o", "/dev/null", "--wrap", "sleep 1")
     job = slurm_service.wait_engine_state(job_id, "REQUEUED")
     assert job["status"] == "running" and job["attempt"] == 1, job  # the job stays with Slurm
-    # Slurm holds a requeued job for 120 s before it may start again; a test cannot wait that long.
-    slurm("scontrol", "update", f"JobId={slurm_id}", "StartTime=now")
+    start_requeued_now(slurm_id)
     job = slurm_service.svc.wait_terminal(job_id, timeout=300)
     assert job["status"] == "succeeded", (job, slurm_service.svc.worker_log())
     assert job["attempt"] == 1, job  # Slurm requeued it: no retry of ours
@@ -284,6 +290,24 @@ def test_a_preempted_job_is_requeued_by_slurm_and_resumes_from_its_checkpoint(
     assert loss_series(slurm_service, job_id) == loss_series(slurm_service, reference)
     assert_same_training(slurm_service.job_dir(job_id), slurm_service.job_dir(reference))
     assert queued(job_id) == []
+
+
+def start_requeued_now(slurm_id: str, timeout: float = 120) -> None:
+    """Slurm holds a requeued job for 120 s (its begin time) before it may start again; a test
+    cannot wait that long. The hold is set once the requeue has finished, which on a loaded machine
+    can be after the test saw REQUEUED, and a `StartTime=now` sent before then is overwritten: so
+    lift it whenever the job waits for its begin time, until it has left the queue."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = slurm("scontrol", "show", "job", "-o", slurm_id)
+        state, reason = re.search(r"JobState=(\S+)", shown), re.search(r"Reason=(\S+)", shown)
+        if state and state[1] in ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            return
+        if state and state[1] == "PENDING" and reason and reason[1] == "BeginTime":
+            # Not checked: the job may move on between the two commands; the next round sees it.
+            subprocess.run(["scontrol", "update", f"JobId={slurm_id}", "StartTime=now"], capture_output=True)
+        assert time.monotonic() < deadline, shown
+        time.sleep(0.5)
 
 
 def node_state(node: str) -> str:
@@ -314,7 +338,7 @@ def test_a_node_failure_is_requeued_by_slurm_and_resumes_from_its_checkpoint(
         assert job["status"] == "running" and job["attempt"] == 1, job  # the job stays with Slurm
     finally:
         resume_node("twinkle2")  # whatever happened: the next tests need both nodes
-    slurm("scontrol", "update", f"JobId={slurm_id}", "StartTime=now")  # lift the 120 s requeue hold
+    start_requeued_now(slurm_id)
     job = slurm_service.svc.wait_terminal(job_id, timeout=300)
     assert job["status"] == "succeeded", (job, slurm_service.svc.worker_log())
     assert job["attempt"] == 1, job  # Slurm requeued it: no retry of ours
