@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from serving.errors import InvalidRequest, LoadFailed
-from serving.placement import Placement
+from serving.placement import Placement, bytes_by_device
 from serving.targets import Target
 from twinkle_core import checkpoint as ckpt
 
@@ -122,8 +122,7 @@ def estimate_bytes(target: Target) -> int:
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:
-    tensors = [*model.parameters(), *model.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(bytes_by_device(model).values())
 
 
 def context_length(config: Any, tokenizer: Any) -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import psutil
@@ -78,7 +77,6 @@ def worker_of_this_name_elsewhere(
     host: str,
     heartbeat_seconds: float,
     stale_after_seconds: float,
-    sleep: Callable[[float], None] = time.sleep,
 ) -> str | None:
     """The id of a live worker registered under `host` that is not a process of this machine:
     one whose row is online, whose PID is not (or no longer) here, and whose heartbeat moves on
@@ -90,7 +88,7 @@ def worker_of_this_name_elsewhere(
         return None
     deadline = time.monotonic() + 2 * heartbeat_seconds + 0.5
     while time.monotonic() < deadline:
-        sleep(min(0.5, heartbeat_seconds / 2))
+        time.sleep(min(0.5, heartbeat_seconds / 2))
         now = _invisible_heartbeats(database_url, host, since)
         for worker_id, heartbeat in now.items():
             if worker_id in suspects and heartbeat > suspects[worker_id]:
