@@ -61,7 +61,8 @@ class Target:
 
 
 def _is_local_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~")) or Path(name).expanduser().exists()
+    # Path("~x").exists() is False without expanding: only a `~` prefix expands, caught below.
+    return name.startswith(("/", "./", "../", "~")) or Path(name).exists()
 
 
 def _under(path: Path, roots: Sequence[Path]) -> bool:
@@ -99,7 +100,12 @@ def check_target(key: TwinkleKey, jobs_root: Path, allowed_roots: Sequence[Path]
         raise NotFound(f"{key.checkpoint} is not a complete checkpoint", param="twinkle.checkpoint")
     base = key.base_model
     if base is not None and _is_local_path(base):
-        base_dir = Path(base).expanduser().resolve()
+        try:
+            base_dir = Path(base).expanduser().resolve()
+        except RuntimeError:  # `~name/...` of a user this machine does not have
+            raise InvalidValue(
+                f"base model {base} names no home directory here", param="twinkle.base_model"
+            ) from None
         if not _under(base_dir, [jobs_root, *allowed_roots]):
             raise Forbidden(
                 f"base model {base} is outside the jobs root and the allowed roots",

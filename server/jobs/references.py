@@ -137,7 +137,10 @@ def check_reference(
 
 
 def check_local_path(value: str, param: str, settings: Settings) -> Path:
-    path = Path(value).expanduser()
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError:  # `~name/...` of a user this machine does not have
+        raise InvalidRequest(f"{param}: '{value}' names no home directory here", param=param) from None
     if not path.is_absolute():
         raise InvalidRequest(f"{param}: a local path must be absolute, got '{value}'", param=param)
     real = Path(os.path.realpath(path))

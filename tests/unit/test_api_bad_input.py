@@ -102,6 +102,7 @@ def _escapes(api: Api) -> list[str]:
         f"{root}/../outside/secret.jsonl",
         f"{root}/link-out/secret.jsonl",  # a symlink that leaves the root
         "~/.ssh/id_rsa",
+        "~no-such-user-of-this-machine/data.jsonl",  # expanduser raises: once a 500 (found by fuzzing)
         "file:///etc/passwd",
     ]
 

@@ -55,6 +55,9 @@ def test_paths_outside_the_roots_are_refused_before_anything_is_read(tmp_path: P
         check_target(_key(jobs / "job-2" / "step-1", str(models)), jobs, [])
     assert caught.value.param == "twinkle.base_model"
     assert check_target(_key(jobs / "job-2" / "step-1", str(models)), jobs, [tmp_path / "models"]).base_model
+    with pytest.raises(InvalidValue) as refused:  # expanduser raises for an unknown user
+        check_target(_key(jobs / "job-2" / "step-1", "~no-such-user-of-this-machine/base"), jobs, [])
+    assert refused.value.param == "twinkle.base_model"
 
 
 def _chat(**fields: Any) -> ChatRequest:
