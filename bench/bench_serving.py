@@ -14,7 +14,10 @@ every path writes exactly as many):
 - engine: `serving.engine.Engine` in this process, the object the host serves with (slots, the
   model cache, `ChoiceTracker`'s text and stop handling), its deltas read as they come;
 - http: `twinkle-jobs serve` as a child process, `POST /v1/completions` with `stream: true`
-  and the `twinkle` key, as the API server relays it, read as SSE.
+  and the `twinkle` key, as the API server relays it, read as SSE through the standard
+  library's `http.client` (the least client: the host's own time);
+- http_httpx: the same request through httpx, the `openai` package's HTTP library: what a
+  Python client library adds to it (its ratios are printed with the others).
 
 Time to first token (TTFT) runs from the request to the first token's text; decode tokens/s is
 (tokens - 1) / (last - first token). The paths alternate within each round (the order rotates
@@ -27,8 +30,10 @@ Speed ratios are plain / ours for TTFT and ours / plain for tokens/s: 1.0 is as 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -133,36 +138,43 @@ def plain_path(checkpoint: Path, ids: list[int], max_tokens: int) -> Callable[[]
 
 
 # ------------------------------------------------------------------------------------ http
-def sse_run(response: Any, began: float) -> Run:
-    """Read an OpenAI SSE stream: the first chunk with text, the last chunk, the usage chunk's
-    completion tokens (`stream_options.include_usage`)."""
-    first = last = None
-    tokens = 0
-    for line in response.iter_lines():
+class SseReader:
+    """An OpenAI SSE stream read line by line: stamps the first chunk with text and the last
+    chunk, and takes the completion tokens from the usage chunk (`stream_options.include_usage`)."""
+
+    def __init__(self, began: float) -> None:
+        self.began = began
+        self.first: float | None = None
+        self.last: float | None = None
+        self.tokens = 0
+
+    def line(self, line: str) -> bool:
+        """Takes one line; False once the stream is done."""
         if not line.startswith("data: "):
-            continue
-        data = line[len("data: ") :]
+            return True
+        data = line[len("data: ") :].strip()
         if data == "[DONE]":
-            break
+            return False
         chunk = json.loads(data)
         if "error" in chunk:
             raise RuntimeError(f"the host failed mid-stream: {chunk['error']}")
-        now = time.perf_counter() - began
+        now = time.perf_counter() - self.began
         if chunk.get("usage"):
-            tokens = int(chunk["usage"]["completion_tokens"])
+            self.tokens = int(chunk["usage"]["completion_tokens"])
         if chunk["choices"]:
-            last = now
-            if first is None and any(choice.get("text") for choice in chunk["choices"]):
-                first = now
-    assert first is not None and last is not None and tokens, "the stream had no text or no usage"
-    return Run(first, last, tokens)
+            self.last = now
+            if self.first is None and any(choice.get("text") for choice in chunk["choices"]):
+                self.first = now
+        return True
+
+    def run(self) -> Run:
+        assert self.first is not None and self.last is not None and self.tokens, "no text or no usage"
+        return Run(self.first, self.last, self.tokens)
 
 
-def http_path(url: str, secret: str, checkpoint: Path, prompt: str, max_tokens: int) -> Callable[[], Run]:
-    import httpx
-
-    client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=600)
-    body = {
+def completion_body(checkpoint: Path, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """The streamed `POST /v1/completions` every HTTP path sends, with the `twinkle` key."""
+    return {
         "model": "bench",
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -173,13 +185,52 @@ def http_path(url: str, secret: str, checkpoint: Path, prompt: str, max_tokens: 
         "twinkle": {"checkpoint": str(checkpoint), "base_model": None, "model": "bench"},
     }
 
+
+def http_path(port: int, secret: str, body: dict[str, Any]) -> Callable[[], Run]:
+    """The request through the standard library's `http.client` on a kept-alive connection: the
+    host's own time, with the least of a client's in it (~0.1 ms)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
+    payload = json.dumps(body).encode()
+
+    def run() -> Run:
+        # A connection idle past the host's keep-alive timeout (uvicorn's 5 s: a round of long
+        # answers) has been closed by the host, and reads as readable: connect again first,
+        # outside the timing, as a client that keeps its connections warm would have.
+        if connection.sock is None or select.select([connection.sock], [], [], 0)[0]:
+            connection.close()
+            connection.connect()
+        began = time.perf_counter()
+        connection.request("POST", "/v1/completions", payload, headers)
+        response = connection.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"host answered {response.status}: {response.read()[:300]!r}")
+        reader = SseReader(began)
+        for raw in iter(response.readline, b""):  # read to the end: the connection is reused
+            reader.line(raw.decode())
+        return reader.run()
+
+    return run
+
+
+def httpx_path(url: str, secret: str, body: dict[str, Any]) -> Callable[[], Run]:
+    """The same request through httpx, the HTTP library of the `openai` package: what a Python
+    client adds on top of the host's time."""
+    import httpx
+
+    client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=600)
+
     def run() -> Run:
         began = time.perf_counter()
         with client.stream("POST", "/v1/completions", json=body) as response:
             if response.status_code != 200:
                 response.read()
                 raise RuntimeError(f"host answered {response.status_code}: {response.text[:300]}")
-            return sse_run(response, began)
+            reader = SseReader(began)
+            for line in response.iter_lines():
+                if not reader.line(line):
+                    break
+            return reader.run()
 
     return run
 
@@ -250,9 +301,10 @@ def engine_path(jobs_root: Path, checkpoint: Path, prompt: str, max_tokens: int)
 class Host:
     """`twinkle-jobs serve` as a child process on a data dir of its own (SQLite, migrated first)."""
 
-    def __init__(self, data_dir: Path, jobs_root: Path, threads: int) -> None:
+    def __init__(self, data_dir: Path, jobs_root: Path, threads: int, code: Path = common.REPO_ROOT) -> None:
         assert jobs_root == data_dir / "jobs", "the host serves checkpoints under <data dir>/jobs"
         self.data_dir = data_dir
+        self.code = code  # the checkout whose code the host runs (bench_serving_compare: a worktree)
         self.port = common.free_port()
         self.secret = "bench-" + os.urandom(8).hex()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -264,17 +316,20 @@ class Host:
             "TWINKLE_SERVING_ENGINE": "transformers",
             "TWINKLE_SERVING_SLOTS": "1",
             "OMP_NUM_THREADS": str(threads),
-            "PYTHONPATH": str(common.REPO_ROOT),
+            "PYTHONPATH": str(code),
         }
         for name in ("TWINKLE_DATABASE_URL", "TWINKLE_BROKER_URL"):
             self.env.pop(name, None)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        command = common.twinkle_jobs_command()
-        subprocess.run([*command, "migrate"], env=self.env, check=True, capture_output=True)
+        # The module form from the checkout itself: its own code, not the installed project's.
+        command = [sys.executable, "-m", "twinkle_cli.main"]
+        subprocess.run([*command, "migrate"], env=self.env, cwd=self.code, check=True, capture_output=True)
         log = open(self.data_dir / "serve.log", "ab")  # noqa: SIM115 (the child keeps it open)
-        self.proc = subprocess.Popen([*command, "serve"], env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [*command, "serve"], env=self.env, cwd=self.code, stdout=log, stderr=subprocess.STDOUT
+        )
         common.wait_http_ok(f"{self.url}/healthz", 120, [self.proc])
 
     def stop(self) -> None:
@@ -350,7 +405,9 @@ def main() -> None:
         if not args.no_http:
             host = Host(work, jobs_root, args.threads)
             host.start()
-            paths["http"] = http_path(host.url, host.secret, checkpoint, prompt, args.max_tokens)
+            body = completion_body(checkpoint, prompt, args.max_tokens)
+            paths["http"] = http_path(host.port, host.secret, body)
+            paths["http_httpx"] = httpx_path(host.url, host.secret, body)
         runs = measure(paths, args.rounds, args.warmup)
     finally:
         if host is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -22,6 +23,24 @@ from serving.protocol import Answer
 log = logging.getLogger(__name__)
 
 DISCONNECT_POLL_SECONDS = 0.25
+
+
+def log_answered(answer: Answer, how: str) -> None:
+    """One line per answer once it has ended. The host runs without uvicorn's access log, which
+    wrote its line as the answer started, between the generation's start and its first token;
+    this one says more (the tokens, how the choices ended, the time) and comes after the answer.
+    A finish reason `none` is a choice cut short: its client left, or generation failed."""
+    usage = answer.usage()
+    log.info(
+        "%s for %s (%s): %d prompt + %d completion tokens, finish_reason %s, %.2f s",
+        answer.id,
+        answer.model,
+        how,
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+        ",".join(sorted({choice.finish_reason or "none" for choice in answer.choices})),
+        time.monotonic() - answer.began,
+    )
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:
@@ -51,6 +70,7 @@ async def collect(generation: Generation, answer: Answer, gone: Callable[[], Awa
     finally:
         watcher.cancel()
         generation.cancel()
+        log_answered(answer, "whole")
     return answer
 
 
@@ -81,6 +101,7 @@ async def _stream(
         yield sse({"error": error})
     finally:
         generation.cancel()
+        log_answered(answer, "streamed")
 
 
 def stream_chat(generation: Generation, answer: Answer, include_usage: bool) -> AsyncIterator[bytes]:

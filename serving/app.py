@@ -42,8 +42,9 @@ RequestBody = TypeVar("RequestBody", bound=BaseModel)
 async def parse_body(request: Request, model: type[RequestBody]) -> RequestBody:
     """The JSON body as `model`, validated straight from its bytes. A FastAPI body parameter (and
     the secret as a dependency) does the same through FastAPI's dependency machinery, on the path
-    to every first token; the host publishes no OpenAPI document, so it parses for itself. Errors
-    take FastAPI's path (the 422 envelope naming the field).
+    to every first token; the host publishes no OpenAPI document, so its generation endpoints are
+    plain routes that parse for themselves. Errors take FastAPI's path (the 422 envelope naming
+    the field).
 
     With `GenerationStream` below, this took 0.44 ms off the host's time to first token (median
     of 150 paired requests against the previous host, 95% CI 0.11-0.76 ms; ~30 ms in all)."""
@@ -107,7 +108,6 @@ def create_app(engine: Engine, *, secret: str, jobs_root: Path, allowed_roots: S
             return {"status": "ok"}
         return {"status": "ok", **engine.health()}
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         check_secret(request)
         body = await parse_body(request, ChatRequest)
@@ -124,7 +124,6 @@ def create_app(engine: Engine, *, secret: str, jobs_root: Path, allowed_roots: S
             (await answers.collect(generation, answer, request.is_disconnected)).chat_completion()
         )
 
-    @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         check_secret(request)
         body = await parse_body(request, CompletionRequest)
@@ -148,4 +147,9 @@ def create_app(engine: Engine, *, secret: str, jobs_root: Path, allowed_roots: S
             (await answers.collect(generation, answer, request.is_disconnected)).text_completion()
         )
 
+    # Plain Starlette routes: a FastAPI route would run its dependency solver and response
+    # handling for endpoints that take the bare request and return a response; the exception
+    # handlers above still answer their errors.
+    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_route("/v1/completions", completions, methods=["POST"])
     return app

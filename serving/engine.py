@@ -81,7 +81,13 @@ class Engine:
         """Start generating once a slot is free (503 after the slot timeout). The caller iterates
         the deltas and calls `cancel()` when it stops listening."""
         try:
-            await asyncio.wait_for(self._slots.acquire(), self.limits.slot_timeout)
+            if self._slots.locked():
+                await asyncio.wait_for(self._slots.acquire(), self.limits.slot_timeout)
+            else:
+                # A free slot is taken at once. wait_for would wrap the acquire in a task and a
+                # timer and take two turns of the event loop, on every request's way to its
+                # first token.
+                await self._slots.acquire()
         except TimeoutError:
             raise Unavailable(
                 f"all {self.limits.slots} generation slots are busy; retry shortly",

@@ -146,7 +146,12 @@ def run_host(settings: Settings, **uvicorn_options: Any) -> None:
             engine.limits.slots,
             engine.limits.memory_bytes // 2**20,
         )
-        config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10, **uvicorn_options)
+        # No access log: its line was written as each answer started, on the way to its first
+        # token; serving.answers logs each answer as it ends instead (the API server, which
+        # relays every request here, keeps its own access log).
+        config = uvicorn.Config(
+            app, log_level="info", access_log=False, timeout_graceful_shutdown=10, **uvicorn_options
+        )
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         gpus.release()  # the lifespan's deregister did, unless the app never started

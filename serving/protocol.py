@@ -196,6 +196,7 @@ class Answer:
     choices: list[Choice]
     id: str = field(default="")
     created: int = field(default_factory=lambda: int(time.time()))
+    began: float = field(default_factory=time.monotonic)  # for the host's log line
 
     def __post_init__(self) -> None:
         self.id = self.id or f"{self.object_prefix}-{uuid.uuid4().hex}"

@@ -105,6 +105,37 @@ def test_completions_answer_as_openai_plain_and_streamed(host: Host) -> None:
     assert streamed == [c.text for c in answer.choices]
 
 
+def test_each_answer_is_logged_once_as_it_ends(host: Host, caplog: pytest.LogCaptureFixture) -> None:
+    # The host runs without uvicorn's access log; this line is what it says of each answer.
+    def lines_for(answer_id: str) -> list[str]:
+        messages = [r.getMessage() for r in caplog.records if r.name == "serving.answers"]
+        return [message for message in messages if message.startswith(answer_id)]
+
+    caplog.set_level("INFO", logger="serving.answers")
+    args: dict[str, Any] = {
+        "model": "ft:full",
+        "prompt": "the cat",
+        "extra_body": {**host.key("full"), "ignore_eos": True},
+    }
+    whole = host.client.completions.create(**args, max_tokens=5, n=2)
+    assert whole.usage is not None
+    [line] = lines_for(whole.id)
+    assert line.startswith(
+        f"{whole.id} for ft:full (whole): {whole.usage.prompt_tokens} prompt + 10 completion tokens, "
+        "finish_reason length, "
+    )
+    assert line.endswith(" s")
+
+    stream = host.client.completions.create(**args, max_tokens=4000, stream=True)
+    streamed_id = next(iter(stream)).id
+    stream.close()  # the client leaves after the first chunk: the answer is cut short
+    deadline = time.monotonic() + 10
+    while not lines_for(streamed_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [line] = lines_for(streamed_id)
+    assert "(streamed)" in line and "finish_reason none" in line
+
+
 def _plain_greedy(checkpoint: Path, prompt: str, max_new_tokens: int, base: Path | None = None) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
