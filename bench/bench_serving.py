@@ -16,13 +16,15 @@ every path writes exactly as many):
 - http: `twinkle-jobs serve` as a child process, `POST /v1/completions` with `stream: true`
   and the `twinkle` key, as the API server relays it, read as SSE through the standard
   library's `http.client` (the least client: the host's own time);
-- http_httpx: the same request through httpx, the `openai` package's HTTP library: what a
-  Python client library adds to it (its ratios are printed with the others).
+- http_httpx (with `--httpx`): the same request through httpx, the `openai` package's HTTP
+  library, to a second host. Not in the default run: with two hosts each HTTP path's time
+  depends on which path ran before it by more than the clients differ (`docs/benchmarks.md`).
 
 Time to first token (TTFT) runs from the request to the first token's text; decode tokens/s is
-(tokens - 1) / (last - first token). The paths alternate within each round (the order rotates
-every round); each figure is the median over rounds, and each ratio the median of the per-round
-ratios (a path against the plain run of the same round), so machine noise hits both sides alike.
+(tokens - 1) / (last - first token). The paths alternate within each round, each right after
+each other equally often over the rounds (`balanced_orders`); each figure is the median over
+rounds, and each ratio the median of the per-round ratios (a path against the plain run of the
+same round), so machine noise hits both sides alike.
 Speed ratios are plain / ours for TTFT and ours / plain for tokens/s: 1.0 is as fast as plain
 `generate`; the target is >= 0.9 for each.
 """
@@ -355,16 +357,33 @@ def median_of(runs: list[Run]) -> dict[str, Any]:
     }
 
 
+def balanced_orders(count: int) -> list[list[int]]:
+    """Orders of `count` paths in which each path comes right after each other path equally
+    often within a round (a Williams design): a path's time depends on what ran just before it,
+    and a plain rotation puts each path after the same neighbour in most rounds."""
+    first, low, high = [0], 1, count - 1
+    while low <= high:
+        first.append(low)
+        low += 1
+        if low <= high:
+            first.append(high)
+            high -= 1
+    orders = [[(position + shift) % count for position in first] for shift in range(count)]
+    if count % 2:  # an odd count needs the mirrored orders too
+        orders += [order[::-1] for order in orders]
+    return orders
+
+
 def measure(paths: dict[str, Callable[[], Run]], rounds: int, warmup: int) -> dict[str, list[Run]]:
     names = list(paths)
     for _ in range(warmup):  # first calls pay for lazy initialisation everywhere
         for name in names:
             paths[name]()
     runs: dict[str, list[Run]] = {name: [] for name in names}
+    orders = balanced_orders(len(names))
     for round_no in range(rounds):
-        order = names[round_no % len(names) :] + names[: round_no % len(names)]
-        for name in order:
-            runs[name].append(paths[name]())
+        for index in orders[round_no % len(orders)]:
+            runs[names[index]].append(paths[names[index]]())
     return runs
 
 
@@ -378,6 +397,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every path")
     parser.add_argument("--no-http", action="store_true", help="skip the HTTP host")
+    parser.add_argument(
+        "--httpx", action="store_true", help="also the http_httpx path (a second host, read through httpx)"
+    )
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
 
@@ -386,7 +408,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     machine = common.machine_description()  # the load before the run, not after it
     work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
-    host: Host | None = None
+    hosts: list[Host] = []
     try:
         jobs_root = work / "jobs"  # the host's jobs root: <data dir>/jobs
         checkpoint = build_checkpoint(jobs_root, args.hidden, args.layers)
@@ -403,14 +425,22 @@ def main() -> None:
             "engine": engine_path(jobs_root, checkpoint, prompt, args.max_tokens),
         }
         if not args.no_http:
-            host = Host(work, jobs_root, args.threads)
-            host.start()
+            hosts.append(Host(work, jobs_root, args.threads))
+            hosts[0].start()
             body = completion_body(checkpoint, prompt, args.max_tokens)
-            paths["http"] = http_path(host.port, host.secret, body)
-            paths["http_httpx"] = httpx_path(host.url, host.secret, body)
+            paths["http"] = http_path(hosts[0].port, hosts[0].secret, body)
+        if args.httpx:
+            # A host of its own: requests to one host back to back find its caches warm (~3 ms
+            # less to the first token here) where every other path follows another's.
+            second = work / "second"
+            shutil.copytree(checkpoint, second / checkpoint.relative_to(work))
+            hosts.append(Host(second, second / "jobs", args.threads))
+            hosts[-1].start()
+            body = completion_body(second / checkpoint.relative_to(work), prompt, args.max_tokens)
+            paths["http_httpx"] = httpx_path(hosts[-1].url, hosts[-1].secret, body)
         runs = measure(paths, args.rounds, args.warmup)
     finally:
-        if host is not None:
+        for host in hosts:
             host.stop()
         shutil.rmtree(work, ignore_errors=True)
 
