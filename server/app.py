@@ -36,6 +36,7 @@ from server.errors import install_error_handlers
 from server.exports.router import router as exports_router
 from server.files.router import MULTIPART_OVERHEAD
 from server.files.router import router as files_router
+from server.inference.relay import HostConnections
 from server.inference.router import router as inference_router
 from server.jobs.router import router as jobs_router
 from server.openai_compat.router import router as openai_router
@@ -132,6 +133,7 @@ def create_app(settings: Settings | None = None, dispatch: Callable[[str], None]
         bootstrap(settings, session_factory)
         freeze_startup_heap()  # full GCs stalled requests for 60 ms (server/common/heap.py)
         yield
+        await app.state.host_connections.aclose()
         await app.state.rate_limits.close()
         if read_engine is not None:
             await read_engine.dispose()
@@ -153,6 +155,7 @@ def create_app(settings: Settings | None = None, dispatch: Callable[[str], None]
     app.state.export_dispatch = lambda export_id: send_export(export_id, settings)
     # Per-token rate limits: shared in Redis when one is configured, else counted per process.
     app.state.rate_limits = make_rate_limiter(settings.resolved_rate_limit_url)
+    app.state.host_connections = HostConnections()  # the inference relay's kept connections
     app.state.latency = ApiLatency()
     app.state.stream_timing = StreamTiming()
 

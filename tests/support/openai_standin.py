@@ -40,6 +40,7 @@ class State:
     active: int = 0  # streams generating now
     token_delay: float = TOKEN_DELAY
     requests: list[dict[str, Any]] = field(default_factory=list)
+    peers: list[int] = field(default_factory=list)  # each request's client port: its connection
 
 
 def _error(
@@ -106,6 +107,7 @@ def make_app(state: State) -> FastAPI:
     async def complete(request: Request, kind: str) -> Any:
         body = await request.json()
         state.requests.append(body)
+        state.peers.append(request.client.port if request.client else 0)
         model = str(body.get("model", ""))
         field_name = "messages" if kind == "chat" else "prompt"
         if not _known(model):

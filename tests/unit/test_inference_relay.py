@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request
 from openai_standin import BUSY, FINE_TUNED, TOKEN, Standin, serve_standin
 from starlette.responses import Response
 
-from server.inference.relay import HostRelay
+from server.inference.relay import HostConnections, HostRelay
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +38,14 @@ def _free_port() -> int:
         return port
 
 
-@pytest.fixture(scope="module")
-def relay(host: Standin) -> Iterator[tuple[str, dict[str, Any]]]:
-    """An app whose one route relays to the hosts and secret set in `config` (per test)."""
-    config: dict[str, Any] = {}
+@pytest.fixture(scope="module", params=["kept connections", "a client per request"])
+def relay(host: Standin, request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, Any]]]:
+    """An app whose one route relays to the hosts and secret set in `config` (per test): with the
+    API server's kept connections, and without them (an app that sets none)."""
+    config: dict[str, Any] = {"kept": request.param == "kept connections"}
     app = FastAPI()
+    if config["kept"]:
+        app.state.host_connections = HostConnections()
 
     @app.post("/v1/{kind:path}")
     async def forward(kind: str, request: Request) -> Response:
@@ -88,6 +91,17 @@ def test_answers_pass_through_plain_and_streamed(url: str, host: Standin) -> Non
     assert events[-1] == "data: [DONE]"
     texts = [json.loads(e.removeprefix("data: "))["choices"][0]["text"] for e in events[:-1]]
     assert "".join(texts) == "a b "
+
+
+def test_kept_connections_carry_one_request_after_another(
+    url: str, relay: tuple[str, dict[str, Any]], host: Standin
+) -> None:
+    for _ in range(3):
+        answer = httpx.post(f"{url}/v1/chat/completions", json=_chat(max_tokens=1))
+        assert answer.status_code == 200
+    # The host sees the relay's connections: one kept for all three, or one per request.
+    ports = host.state.peers[-3:]
+    assert len(set(ports)) == (1 if relay[1]["kept"] else 3), ports
 
 
 def test_host_errors_keep_the_envelope_and_retry_after(url: str, relay: tuple[str, dict[str, Any]]) -> None:
