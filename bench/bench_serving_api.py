@@ -1,0 +1,150 @@
+"""Serving as a user meets it: time to first token through the API server, which relays to the
+host, against the host called directly and plain `model.generate`, in one run.
+
+    python bench/bench_serving_api.py [--max-tokens 64 --rounds 24] [--json-out FILE]
+
+`bench_serving.py` times the serving host; a user calls the API server, which authenticates the
+token, resolves the model name to a checkpoint, picks a live host and relays the stream. This
+script starts the whole stack as a user does (`twinkle-jobs server`, `worker` and `serve` on one
+data dir, a scratch PostgreSQL database and the embedded broker), fine-tunes the 19M Llama of
+`bench_serving.py` for one step through the API, and then times, in balanced orders per round:
+
+- plain: `model.generate` of the job's checkpoint in this process (the baseline);
+- host: `POST /v1/completions` to the host with the `twinkle` key, as the relay sends it;
+- api: `POST /v1/completions` to the API server with `model` = `JOB_ID:ckpt-1` and the user's
+  token, the request a user's client sends.
+
+All three read the same greedy answer (EOS ignored) through `http.client` or the streamer of
+`bench_serving.py`. Ratios are per round, then the median, as there; the target (>= 0.9 of plain
+`generate`) is `bench_serving.py`'s, and this script reports it for the API path too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_serving
+import common
+
+TARGET = bench_serving.TARGET
+
+
+def train_one_step(service: common.Service, base: Path, dataset: Path) -> str:
+    """A one-step full fine-tune of `base` through the API; its job id once it succeeded."""
+    spec = {
+        "model": {"model_id": str(base), "mixed_precision": "no"},
+        "data": {"train_file": str(dataset), "max_length": 32},
+        "training": {"max_steps": 1, "batch_size": 4},
+        "optimizer": {"lr": 1e-5},
+    }
+    with service.client() as client:
+        answer = client.post("/v1/jobs", json={"name": "bench-serving-api", "spec": spec, "max_retries": 0})
+        answer.raise_for_status()
+        job_id = str(answer.json()["id"])
+        deadline = time.monotonic() + 300
+        while (job := client.get(f"/v1/jobs/{job_id}").json())["status"] != "succeeded":
+            if job["status"] in ("failed", "cancelled") or time.monotonic() > deadline:
+                raise RuntimeError(f"the fine-tune did not succeed: {job}")
+            time.sleep(0.5)
+    return job_id
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=24)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--json-out", default=None)
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(1)
+    machine = common.machine_description()
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-serving-api-") as tmp,
+        common.scratch_postgres("srvapi") as db,
+    ):
+        from transformers import AutoTokenizer
+
+        from twinkle_core.assets import build_tiny_model, write_text_dataset
+        from twinkle_core.checkpoint import hf_model_dir
+
+        data_dir = Path(tmp) / "data"  # the default allowed root: the base and dataset go inside
+        base = build_tiny_model(
+            data_dir / "models" / "bench-llama", hidden_size=args.hidden, num_layers=args.layers
+        )
+        dataset = write_text_dataset(data_dir / "train.jsonl", n=16)
+        host_port = common.free_port()
+        service = common.Service(
+            data_dir,
+            db,
+            None,
+            extra_env={
+                "TWINKLE_SERVING_PORT": str(host_port),
+                "TWINKLE_SERVING_SLOTS": "1",
+                "TWINKLE_SERVING_ENGINE": "transformers",
+                "OMP_NUM_THREADS": "1",
+            },
+        )
+        with service:
+            service._spawn(["serve"], "serve.log")
+            common.wait_http_ok(f"http://127.0.0.1:{host_port}/healthz", 120, service.procs)
+            job_id = train_one_step(service, base, dataset)
+            checkpoint = data_dir / "jobs" / job_id / "checkpoints" / "step-1"
+            weights = hf_model_dir(checkpoint)  # the checkpoint's plain Hugging Face files
+            tokenizer = AutoTokenizer.from_pretrained(str(weights))
+            ids = bench_serving.prompt_ids(tokenizer, args.prompt_tokens)
+            prompt = tokenizer.decode(ids)
+            bench_serving.check_answer_is_text(weights, tokenizer, ids, args.max_tokens)
+            secret = (data_dir / "serving-secret").read_text().strip()
+            body = bench_serving.completion_body(checkpoint, prompt, args.max_tokens)
+            user_body: dict[str, Any] = {**body, "model": f"{job_id}:ckpt-1"}
+            del user_body["twinkle"]
+            paths: dict[str, Callable[[], bench_serving.Run]] = {
+                "plain": bench_serving.plain_path(weights, ids, args.max_tokens),
+                "host": bench_serving.http_path(host_port, secret, body),
+                "api": bench_serving.http_path(service.port, service.token, user_body),
+            }
+            runs = bench_serving.measure(paths, args.rounds, args.warmup)
+
+    figures = {name: bench_serving.median_of(r) for name, r in runs.items()}
+    ratios: dict[str, Any] = {}
+    for name in ("host", "api"):
+        pairs = list(zip(runs["plain"], runs[name], strict=True))
+        ttft = common.median([plain.ttft / ours.ttft for plain, ours in pairs])
+        tps = common.median([ours.tokens_per_second / plain.tokens_per_second for plain, ours in pairs])
+        ratios[name] = {
+            "ttft_speed_vs_plain": round(ttft, 3),
+            "ttft_verdict": common.verdict(ttft, TARGET, lower_is_better=False),
+            "tokens_per_second_vs_plain": round(tps, 3),
+            "tokens_per_second_verdict": common.verdict(tps, TARGET, lower_is_better=False),
+        }
+    relay = [1000 * (api.ttft - host.ttft) for api, host in zip(runs["api"], runs["host"], strict=True)]
+    common.report(
+        "serving_api",
+        {
+            "machine": machine,
+            "settings": vars(args),
+            "figures": figures,
+            "ratios": ratios,
+            "relay_adds_ttft_ms_median": round(common.median(relay), 2),
+            "target": f">= {TARGET} of plain model.generate, TTFT and tokens/s",
+        },
+        args.json_out,
+    )
+
+
+if __name__ == "__main__":
+    main()
