@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import exists, func, select
+from sqlalchemy import and_, exists, func, select
 from sqlalchemy.orm import Session
 
 from jobcore.db.models import Checkpoint, Job
@@ -18,6 +19,39 @@ _job_model_id = Job.spec[("model", "model_id")].as_string()
 
 def job_in_project(session: Session, project_id: str, job_id: str) -> Job | None:
     return session.scalars(select(Job).where(Job.id == job_id, Job.project_id == project_id)).one_or_none()
+
+
+@dataclass(frozen=True)
+class JobCheckpoint:
+    """What serving a job's checkpoint needs of the job, and of one of its live checkpoints (step
+    and path None: the job has no such checkpoint)."""
+
+    id: str
+    name: str | None
+    status: str
+    spec: dict[str, Any] | None
+    step: int | None
+    path: str | None
+
+
+def job_with_checkpoint(
+    session: Session, project_id: str, job_id: str, step: int | None
+) -> JobCheckpoint | None:
+    """The job of the project and its live checkpoint at `step` (None: its newest), in one
+    statement and without whole rows: on every inference request's way to its first token."""
+    live = and_(Checkpoint.job_id == Job.id, Checkpoint.deleted.is_(False))
+    if step is not None:
+        live = and_(live, Checkpoint.step == step)
+    query = (
+        select(Job.id, Job.name, Job.status, Job.spec, Checkpoint.step, Checkpoint.path)
+        .select_from(Job)
+        .outerjoin(Checkpoint, live)
+        .where(Job.id == job_id, Job.project_id == project_id)
+        .order_by(Checkpoint.step.desc())  # no checkpoint: the one row, its step NULL
+        .limit(1)
+    )
+    row = session.execute(query).one_or_none()
+    return JobCheckpoint(*row) if row is not None else None
 
 
 def live_checkpoint(session: Session, job_id: str, step: int | None) -> Checkpoint | None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Request
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
 from jobcore.settings import Settings
 from server.auth.principal import Principal
+from server.common import reads
 from server.deps import ReadPrincipal, SessionDep, SettingsDep, run_read
 from server.errors import ErrorResponse, Unavailable, error_responses
 from server.inference import hosts, service
@@ -65,14 +67,21 @@ def _plan(
 
 
 async def _relay(
-    session: Session,
+    request: Request,
     settings: Settings,
     principal: Principal,
     path: str,
     body: ChatCompletionCreate | CompletionCreate,
 ) -> Response:
     body.refuse_reserved_key()
-    served, urls = await run_read(session, lambda: _plan(session, settings, principal, body.model))
+
+    def plan(connection: Connection) -> tuple[service.ServedModel, list[str]]:
+        with Session(bind=connection) as session:
+            return _plan(session, settings, principal, body.model)
+
+    # On the read engine: on PostgreSQL no hop into the thread pool, on every request's way to
+    # its first token (server/common/reads.py).
+    served, urls = await reads.run_read(request, plan)
     return HostRelay(urls, path, body.host_body(served.host_target()), settings.serving_secret_value)
 
 
@@ -111,11 +120,11 @@ async def retrieve_model(
     },
 )
 async def chat_completions(
-    body: ChatCompletionCreate, session: SessionDep, settings: SettingsDep, principal: ReadPrincipal
+    body: ChatCompletionCreate, request: Request, settings: SettingsDep, principal: ReadPrincipal
 ) -> Response:
     """Chat with a fine-tuned model or a checkpoint; the messages are rendered with the
     checkpoint's own chat template."""
-    return await _relay(session, settings, principal, "/v1/chat/completions", body)
+    return await _relay(request, settings, principal, "/v1/chat/completions", body)
 
 
 @router.post(
@@ -128,7 +137,7 @@ async def chat_completions(
     },
 )
 async def completions(
-    body: CompletionCreate, session: SessionDep, settings: SettingsDep, principal: ReadPrincipal
+    body: CompletionCreate, request: Request, settings: SettingsDep, principal: ReadPrincipal
 ) -> Response:
     """Continue a prompt with a fine-tuned model or a checkpoint."""
-    return await _relay(session, settings, principal, "/v1/completions", body)
+    return await _relay(request, settings, principal, "/v1/completions", body)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
 from jobcore import storage
-from jobcore.db.models import Checkpoint, Job
 from jobcore.jobs.states import JobStatus
 from server.auth.principal import Principal
 from server.errors import NotFound
@@ -62,13 +61,24 @@ def _unknown(model: str, why: str) -> NotFound:
     return NotFound(f"model '{model}': {why}", param="model", code="model_not_found")
 
 
-def fine_tuned_model(job: Job) -> str:
+class JobFields(Protocol):
+    """What naming and serving a job's model read of it: a `Job` row, or the fields of one."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str | None: ...
+    @property
+    def spec(self) -> dict[str, Any] | None: ...
+
+
+def fine_tuned_model(job: JobFields) -> str:
     """The `fine_tuned_model` of a job (meaningful once it succeeded)."""
     model_id = ModelSection.model_validate((job.spec or {}).get("model") or {}).model_id or ""
     return names.fine_tuned_model_name(job.id, model_id, job.name)
 
 
-def _base_of(job: Job) -> dict[str, Any]:
+def _base_of(job: JobFields) -> dict[str, Any]:
     """A LoRA job's checkpoint holds the adapter alone: the host merges it into this base, built as
     the job built it (model class, config overrides, kwargs). Nothing for a full fine-tune."""
     spec = job.spec or {}
@@ -83,47 +93,40 @@ def _base_of(job: Job) -> dict[str, Any]:
     }
 
 
-def _served(model: str, job: Job, checkpoint: Checkpoint) -> ServedModel:
-    return ServedModel(
-        name=model,
-        job_id=job.id,
-        step=checkpoint.step,
-        checkpoint=checkpoint.path,
-        **_base_of(job),
-    )
+def _served(model: str, job: JobFields, step: int, path: str) -> ServedModel:
+    return ServedModel(name=model, job_id=job.id, step=step, checkpoint=path, **_base_of(job))
 
 
 def resolve(session: Session, principal: Principal, model: str) -> ServedModel:
     parsed = names.parse(model)
     if isinstance(parsed, names.FineTunedName):
-        job = repository.job_in_project(session, principal.project_id, parsed.job_id)
-        if job is None or fine_tuned_model(job) != model:
+        found = repository.job_with_checkpoint(session, principal.project_id, parsed.job_id, None)
+        if found is None or fine_tuned_model(found) != model:
             raise _unknown(model, "no such fine-tuned model in this project")
-        if job.status != JobStatus.SUCCEEDED:
+        if found.status != JobStatus.SUCCEEDED:
             raise _unknown(
                 model,
-                f"job '{job.id}' is {job.status}; its model exists once it succeeded "
-                f"(call one of its checkpoints as '{job.id}{names.CHECKPOINT_INFIX}STEP')",
+                f"job '{found.id}' is {found.status}; its model exists once it succeeded "
+                f"(call one of its checkpoints as '{found.id}{names.CHECKPOINT_INFIX}STEP')",
             )
-        checkpoint = repository.live_checkpoint(session, job.id, None)
-        if checkpoint is None:
-            raise _unknown(model, f"job '{job.id}' has no checkpoint left to serve")
-        return _served(model, job, checkpoint)
+        if found.step is None or found.path is None:
+            raise _unknown(model, f"job '{found.id}' has no checkpoint left to serve")
+        return _served(model, found, found.step, found.path)
     if isinstance(parsed, names.CheckpointName):
-        job = repository.job_in_project(session, principal.project_id, parsed.job_id)
-        if job is None:
+        found = repository.job_with_checkpoint(session, principal.project_id, parsed.job_id, parsed.step)
+        if found is None:
             raise _unknown(model, f"no job '{parsed.job_id}' in this project")
-        checkpoint = repository.live_checkpoint(session, job.id, parsed.step)
-        if checkpoint is None:
-            raise _unknown(model, f"job '{job.id}' has no complete checkpoint at step {parsed.step}")
-        return _served(model, job, checkpoint)
+        if found.step is None or found.path is None:
+            raise _unknown(model, f"job '{found.id}' has no complete checkpoint at step {parsed.step}")
+        return _served(model, found, found.step, found.path)
     # Before `ft:` names, `fine_tuned_model` was the final checkpoint's directory: clients that
     # stored it keep working.
-    found = (
+    at_path = (
         repository.checkpoint_at_path(session, principal.project_id, model) if model.startswith("/") else None
     )
-    if found is not None:
-        return _served(model, *found)
+    if at_path is not None:
+        job, checkpoint = at_path
+        return _served(model, job, checkpoint.step, checkpoint.path)
     if repository.model_in_use(session, principal.project_id, model):
         raise _unknown(model, "a base model is listed, not served: call a fine-tuned model or a checkpoint")
     raise _unknown(model, "expected a fine_tuned_model ('ft:...') or 'JOB_ID:ckpt-STEP'")

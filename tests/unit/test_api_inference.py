@@ -117,6 +117,13 @@ def test_model_names_resolve_within_the_project_only(api: Api) -> None:
     assert "running" in not_yet.json()["error"]["message"]
     _assert_resolved(_chat(api, f"{running['id']}:ckpt-1"))
 
+    # A succeeded job whose checkpoints are all gone has a name but nothing to serve.
+    emptied = api.submit(name="emptied")
+    api.force_status(emptied["id"], "succeeded")
+    nothing = _chat(api, names.fine_tuned_model_name(emptied["id"], "org/tiny-llama", "emptied"))
+    _assert_unknown(nothing)
+    assert "no checkpoint left to serve" in nothing.json()["error"]["message"]
+
     # Another project's token sees none of it, not even through the old path name.
     other = api.token("team-b")
     for model in (fine_tuned, f"{done['id']}:ckpt-4", final["path"]):
