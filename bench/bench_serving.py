@@ -374,6 +374,35 @@ def balanced_orders(count: int) -> list[list[int]]:
     return orders
 
 
+def ratios_to_plain(runs: dict[str, list[Run]]) -> dict[str, Any]:
+    """Each path's speed against the `plain` path, with its verdict against TARGET."""
+    ratios: dict[str, Any] = {}
+    for name in (n for n in runs if n != "plain"):
+        # Paired by round (the two ran back to back), then the median: a burst of load on the
+        # machine moves both sides of a pair alike, where medians taken apart would not cancel it.
+        pairs = list(zip(runs["plain"], runs[name], strict=True))
+        ttft = common.median([plain.ttft / ours.ttft for plain, ours in pairs])
+        tps = common.median([ours.tokens_per_second / plain.tokens_per_second for plain, ours in pairs])
+        ratios[name] = {
+            "ttft_speed_vs_plain": round(ttft, 3),
+            "ttft_verdict": common.verdict(ttft, TARGET, lower_is_better=False),
+            "tokens_per_second_vs_plain": round(tps, 3),
+            "tokens_per_second_verdict": common.verdict(tps, TARGET, lower_is_better=False),
+        }
+    return ratios
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, max_tokens: int, rounds: int) -> None:
+    """The model, prompt and round options every serving benchmark takes."""
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=max_tokens)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--json-out", default=None)
+
+
 def measure(paths: dict[str, Callable[[], Run]], rounds: int, warmup: int) -> dict[str, list[Run]]:
     names = list(paths)
     for _ in range(warmup):  # first calls pay for lazy initialisation everywhere
@@ -389,18 +418,12 @@ def measure(paths: dict[str, Callable[[], Run]], rounds: int, warmup: int) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--warmup", type=int, default=1)
+    add_model_arguments(parser, max_tokens=128, rounds=7)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every path")
     parser.add_argument("--no-http", action="store_true", help="skip the HTTP host")
     parser.add_argument(
         "--httpx", action="store_true", help="also the http_httpx path (a second host, read through httpx)"
     )
-    parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
 
     import torch
@@ -444,27 +467,13 @@ def main() -> None:
             host.stop()
         shutil.rmtree(work, ignore_errors=True)
 
-    figures = {name: median_of(r) for name, r in runs.items()}
-    ratios: dict[str, Any] = {}
-    for name in (n for n in runs if n != "plain"):
-        # Paired by round (the two ran back to back), then the median: a burst of load on the
-        # machine moves both sides of a pair alike, where medians taken apart would not cancel it.
-        pairs = list(zip(runs["plain"], runs[name], strict=True))
-        ttft = common.median([plain.ttft / ours.ttft for plain, ours in pairs])
-        tps = common.median([ours.tokens_per_second / plain.tokens_per_second for plain, ours in pairs])
-        ratios[name] = {
-            "ttft_speed_vs_plain": round(ttft, 3),
-            "ttft_verdict": common.verdict(ttft, TARGET, lower_is_better=False),
-            "tokens_per_second_vs_plain": round(tps, 3),
-            "tokens_per_second_verdict": common.verdict(tps, TARGET, lower_is_better=False),
-        }
     common.report(
         "serving",
         {
             "machine": machine,
             "settings": vars(args),
-            "figures": figures,
-            "ratios": ratios,
+            "figures": {name: median_of(r) for name, r in runs.items()},
+            "ratios": ratios_to_plain(runs),
             "target": f">= {TARGET} of plain model.generate, TTFT and tokens/s",
         },
         args.json_out,

@@ -59,13 +59,7 @@ def train_one_step(service: common.Service, base: Path, dataset: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=24)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--json-out", default=None)
+    bench_serving.add_model_arguments(parser, max_tokens=64, rounds=24)
     args = parser.parse_args()
 
     import torch
@@ -119,26 +113,14 @@ def main() -> None:
             }
             runs = bench_serving.measure(paths, args.rounds, args.warmup)
 
-    figures = {name: bench_serving.median_of(r) for name, r in runs.items()}
-    ratios: dict[str, Any] = {}
-    for name in ("host", "api"):
-        pairs = list(zip(runs["plain"], runs[name], strict=True))
-        ttft = common.median([plain.ttft / ours.ttft for plain, ours in pairs])
-        tps = common.median([ours.tokens_per_second / plain.tokens_per_second for plain, ours in pairs])
-        ratios[name] = {
-            "ttft_speed_vs_plain": round(ttft, 3),
-            "ttft_verdict": common.verdict(ttft, TARGET, lower_is_better=False),
-            "tokens_per_second_vs_plain": round(tps, 3),
-            "tokens_per_second_verdict": common.verdict(tps, TARGET, lower_is_better=False),
-        }
     relay = [1000 * (api.ttft - host.ttft) for api, host in zip(runs["api"], runs["host"], strict=True)]
     common.report(
         "serving_api",
         {
             "machine": machine,
             "settings": vars(args),
-            "figures": figures,
-            "ratios": ratios,
+            "figures": {name: bench_serving.median_of(r) for name, r in runs.items()},
+            "ratios": bench_serving.ratios_to_plain(runs),
             "relay_adds_ttft_ms_median": round(common.median(relay), 2),
             "target": f">= {TARGET} of plain model.generate, TTFT and tokens/s",
         },
