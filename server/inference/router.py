@@ -2,7 +2,8 @@
 project trained, for the official `openai` client unchanged (streaming included).
 
 The API server does no GPU work: it resolves `model` to a checkpoint in SQL, picks a live
-serving host and relays the request there (server/inference/relay.py).
+serving host (both kept for moments: server/inference/plans.py) and relays the request there
+(server/inference/relay.py).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
@@ -19,7 +20,7 @@ from server.auth.principal import Principal
 from server.common import reads
 from server.deps import ReadPrincipal, SessionDep, SettingsDep, run_read
 from server.errors import ErrorResponse, Unavailable, error_responses
-from server.inference import hosts, service
+from server.inference import hosts, plans, service
 from server.inference.relay import NO_HOST_RETRY_AFTER_SECONDS, HostRelay
 from server.inference.schemas import (
     ChatCompletion,
@@ -52,20 +53,6 @@ def _sse(described: str) -> dict[str, Any]:
     return {"text/event-stream": {"schema": {"type": "string"}, "description": described}}
 
 
-def _plan(
-    session: Session, settings: Settings, principal: Principal, model: str
-) -> tuple[service.ServedModel, list[str]]:
-    served = service.resolve(session, principal, model)
-    urls = hosts.order_for(hosts.live_hosts(session, settings), served.checkpoint)
-    if not urls:
-        raise Unavailable(
-            "no serving host is running: start one with `twinkle-jobs serve` (`twinkle-jobs up` starts one)",
-            code="no_serving_host",
-            headers={"Retry-After": str(NO_HOST_RETRY_AFTER_SECONDS)},
-        )
-    return served, urls
-
-
 async def _relay(
     request: Request,
     settings: Settings,
@@ -74,14 +61,24 @@ async def _relay(
     body: ChatCompletionCreate | CompletionCreate,
 ) -> Response:
     body.refuse_reserved_key()
+    engine: Engine = request.app.state.engine
+    plan = plans.cached(engine, principal, body.model)
+    if plan is None:
 
-    def plan(connection: Connection) -> tuple[service.ServedModel, list[str]]:
-        with Session(bind=connection) as session:
-            return _plan(session, settings, principal, body.model)
+        def load(connection: Connection) -> plans.Plan:
+            with Session(bind=connection) as session:
+                return plans.load(session, engine, settings, principal, body.model)
 
-    # On the read engine: on PostgreSQL no hop into the thread pool, on every request's way to
-    # its first token (server/common/reads.py).
-    served, urls = await reads.run_read(request, plan)
+        # On the read engine: on PostgreSQL no hop into the thread pool (server/common/reads.py).
+        plan = await reads.run_read(request, load)
+    served, live = plan
+    urls = hosts.order_for(live, served.checkpoint)
+    if not urls:
+        raise Unavailable(
+            "no serving host is running: start one with `twinkle-jobs serve` (`twinkle-jobs up` starts one)",
+            code="no_serving_host",
+            headers={"Retry-After": str(NO_HOST_RETRY_AFTER_SECONDS)},
+        )
     return HostRelay(urls, path, body.host_body(served.host_target()), settings.serving_secret_value)
 
 

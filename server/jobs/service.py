@@ -38,6 +38,7 @@ from server.auth.service import Principal
 from server.common.pagination import split_page
 from server.deps import after_commit
 from server.errors import Conflict, InvalidRequest, NotFound, RateLimited
+from server.inference import plans
 from server.jobs import repository
 from server.jobs.present import present_jobs as present_jobs  # re-exported: the actions' view
 from server.jobs.present import present_rows
@@ -322,6 +323,7 @@ def delete_job(session: Session, settings: Settings, principal: Principal, job_i
     # Events, metrics and checkpoints go with the row (ON DELETE CASCADE).
     session.delete(job)
     session.flush()
+    plans.forget_models(session)  # its model stops resolving in this process at once
 
     def remove_artifacts() -> None:
         for path in artifacts:

@@ -8,6 +8,7 @@ as 503 `no_serving_host`, and "does not resolve" as 404 `model_not_found`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -15,11 +16,12 @@ from typing import Any
 import openai
 import pytest
 from openai_standin import TOKEN, Standin, serve_standin
+from sqlalchemy import event
 from test_api_support import *  # noqa: F403
 from test_api_support import BOOTSTRAP, Api
 
 from jobcore.db.models import Checkpoint, ServingHost, utcnow
-from server.inference import names
+from server.inference import names, plans
 from server.inference.hosts import LiveHost, order_for
 
 
@@ -97,10 +99,14 @@ def test_model_names_resolve_within_the_project_only(api: Api) -> None:
     _assert_unknown(base)
     assert "base model" in base.json()["error"]["message"]
 
-    # A checkpoint dropped by retention is gone for inference too.
+    # A checkpoint dropped by retention (by the worker: another process) is gone for inference
+    # too, once this process's resolution of it expires (server/inference/plans.py).
     with api.session() as session, session.begin():
         row = session.query(Checkpoint).filter_by(job_id=done["id"], step=2).one()
         row.deleted = True
+    _assert_resolved(_chat(api, f"{done['id']}:ckpt-2"))
+    models = plans.model_cache(api.app.state.engine)
+    models.clock = lambda: time.monotonic() + plans.MODEL_TTL_SECONDS
     _assert_unknown(_chat(api, f"{done['id']}:ckpt-2"))
 
     # A job still running has no fine_tuned_model yet, but its checkpoints can be called.
@@ -255,3 +261,43 @@ def test_a_live_host_gets_the_resolved_checkpoint(api: Api, host: Standin) -> No
         "model": f"{full['id']}:ckpt-5",
     }
     assert sent["prompt"] == "x"
+
+
+def test_a_warm_request_reads_no_sql_and_a_deleted_job_stops_resolving_at_once(
+    api: Api, host: Standin
+) -> None:
+    """The model's resolution and the live hosts are kept for moments (server/inference/plans.py):
+    a request right after another goes to its host without a statement, and a job deleted through
+    this process is forgotten at once, not when its cached resolution expires."""
+    api.settings.serving_secret = TOKEN
+    job = api.submit(name="warm")
+    api.force_status(job["id"], "succeeded")
+    checkpoint = api.add_checkpoint(job["id"], 2)
+    _register_host(api, host.url)
+    model = f"{job['id']}:ckpt-2"
+    _chat(api, model)  # the first resolves in SQL and reads the hosts
+    assert host.state.requests[-1]["twinkle"]["checkpoint"] == checkpoint["path"]
+
+    statements: list[str] = []
+    engines = [api.app.state.engine]
+    if api.app.state.read_engine is not None:
+        engines.append(api.app.state.read_engine.sync_engine)
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", record)
+    try:
+        seen = len(host.state.requests)
+        _chat(api, model)
+        assert len(host.state.requests) == seen + 1, "the warm request did not reach the host"
+        assert statements == []
+    finally:
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", record)
+
+    assert api.client.delete(f"/v1/jobs/{job['id']}", headers=api.admin).status_code == 200
+    seen = len(host.state.requests)
+    _assert_unknown(_chat(api, model))
+    assert len(host.state.requests) == seen  # refused here, not relayed

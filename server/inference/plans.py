@@ -1,0 +1,80 @@
+"""What a generation request reads from SQL before its relay, kept for moments per database.
+
+Before a byte goes to a host, a request resolves its `model` to a checkpoint (one statement)
+and reads the live serving hosts (another): with the checkout of a pooled connection, ~1.2 ms of
+the API server's work on each request's way to its first token (a py-spy profile of the server
+under bench/bench_serving_api.py). Both change rarely against the rate of requests, so both are
+kept briefly, as a token's principal is (`server.auth.cache`), and a warm request reads nothing:
+
+- A resolved model, per project and name, for `MODEL_TTL_SECONDS`. A job deleted through this
+  process is forgotten at once (`forget_models`). Deleted by another process, or its checkpoint
+  dropped by retention, it resolves for at most that long; a host that must load it then finds
+  no files and answers 404 naming `model`. Only resolutions are kept: an unknown name reads the
+  database every time, so a job's model is callable the moment the job succeeded.
+- The live hosts for `HOSTS_TTL_SECONDS`, well under their heartbeat period (the `loaded` they
+  report is that old already). A host that died since is skipped by the relay, which tries the
+  next; an empty list is never kept, so the first host to start is seen at once.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, event
+from sqlalchemy.orm import Session
+
+from jobcore.settings import Settings
+from server.auth.principal import Principal
+from server.common.ttl_cache import PerEngine
+from server.inference import hosts, service
+
+MODEL_TTL_SECONDS = 5.0
+HOSTS_TTL_SECONDS = 5.0
+MAX_MODELS = 10_000
+_HOSTS_KEY = "live"
+
+# Public for tests, which move their clocks.
+model_cache: PerEngine[service.ServedModel] = PerEngine(MODEL_TTL_SECONDS, MAX_MODELS)
+host_cache: PerEngine[list[hosts.LiveHost]] = PerEngine(HOSTS_TTL_SECONDS, 1)
+
+Plan = tuple[service.ServedModel, list[hosts.LiveHost]]
+
+
+def _model_key(principal: Principal, model: str) -> str:
+    return f"{principal.project_id}\x00{model}"
+
+
+def cached(engine: Engine, principal: Principal, model: str) -> Plan | None:
+    """The plan from this process's caches of the engine's database, without any I/O (None:
+    something is missing, `load` it)."""
+    served = model_cache(engine).get(_model_key(principal, model))
+    if served is None:
+        return None
+    live = host_cache(engine).get(_HOSTS_KEY)
+    return None if live is None else (served, live)
+
+
+def load(session: Session, engine: Engine, settings: Settings, principal: Principal, model: str) -> Plan:
+    """The plan, reading from the database what the caches lack and keeping what it read.
+
+    Raises `NotFound` naming `model` when it resolves to nothing the project can call."""
+    models, live_hosts = model_cache(engine), host_cache(engine)
+    key = _model_key(principal, model)
+    served = models.get(key)
+    if served is None:
+        generation = models.generation  # read before the row: a deletion meanwhile refuses the put
+        served = service.resolve(session, principal, model)
+        models.put(key, served, generation)
+    live = live_hosts.get(_HOSTS_KEY)
+    if live is None:
+        live = hosts.live_hosts(session, settings)
+        if live:
+            live_hosts.put(_HOSTS_KEY, live, live_hosts.generation)
+    return served, live
+
+
+def forget_models(session: Session) -> None:
+    """Drop this process's resolved models of the session's database, now and after its commit
+    (as `server.auth.service.forget_principals` does for tokens): call it when a job goes."""
+    bind = session.get_bind()
+    cache = model_cache(bind if isinstance(bind, Engine) else bind.engine)
+    cache.invalidate()
+    event.listen(session, "after_commit", lambda _session: cache.invalidate(), once=True)
