@@ -6,6 +6,7 @@ inside the data dir, so one machine needs no database or broker server.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import socket
@@ -184,23 +185,7 @@ class Settings(SharedSettings, ServerSettings, WorkerSettings, ServingSettings):
         server and the host of one machine agree without set-up)."""
         if self.serving_secret:
             return self.serving_secret
-        path = self.data_dir / "serving-secret"
-        if not path.exists():
-            # Written whole under a temporary name, then linked into place: a reader never sees
-            # a half-written secret, and of two first readers one secret wins (link refuses to
-            # replace).
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temp = path.with_name(f".serving-secret.{os.getpid()}.{secrets.token_hex(4)}")
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(secrets.token_urlsafe(32))
-            try:
-                os.link(temp, path)
-            except FileExistsError:
-                pass
-            finally:
-                temp.unlink()
-        return path.read_text().strip()
+        return _secret_in(self.data_dir / "serving-secret")
 
     @property
     def jobs_dir(self) -> Path:
@@ -226,3 +211,26 @@ def get_settings() -> Settings:
     settings = Settings()
     settings.ensure_dirs()
     return settings
+
+
+@functools.cache
+def _secret_in(path: Path) -> str:
+    """The serving secret kept at `path`, created by the first reader. Read once per process: the
+    relay needs it on every request, and the file is never rewritten (a new secret takes a
+    restart of the server and its hosts, which read it at start)."""
+    if not path.exists():
+        # Written whole under a temporary name, then linked into place: a reader never sees
+        # a half-written secret, and of two first readers one secret wins (link refuses to
+        # replace).
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f".serving-secret.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(32))
+        try:
+            os.link(temp, path)
+        except FileExistsError:
+            pass
+        finally:
+            temp.unlink()
+    return path.read_text().strip()
