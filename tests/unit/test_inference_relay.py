@@ -12,7 +12,8 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -43,9 +44,17 @@ def relay(host: Standin, request: pytest.FixtureRequest) -> Iterator[tuple[str, 
     """An app whose one route relays to the hosts and secret set in `config` (per test): with the
     API server's kept connections, and without them (an app that sets none)."""
     config: dict[str, Any] = {"kept": request.param == "kept connections"}
-    app = FastAPI()
-    if config["kept"]:
-        app.state.host_connections = HostConnections()
+    connections = HostConnections() if config["kept"] else None
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if connections is not None:
+            await connections.aclose()  # as the API server's lifespan does
+
+    app = FastAPI(lifespan=lifespan)
+    if connections is not None:
+        app.state.host_connections = connections
 
     @app.post("/v1/{kind:path}")
     async def forward(kind: str, request: Request) -> Response:
