@@ -17,6 +17,12 @@ data dir, a scratch PostgreSQL database and the embedded broker), fine-tunes the
 All three read the same greedy answer (EOS ignored) through `http.client` or the streamer of
 `bench_serving.py`. Ratios are per round, then the median, as there; the target (>= 0.9 of plain
 `generate`) is `bench_serving.py`'s, and this script reports it for the API path too.
+
+`--idle-gaps 0,1.5,3,6` adds a probe of how much of a difference is the machine's: after each
+gap of idle seconds, a one-token request to the API and one to the host, back to back, in
+alternating order; per gap, the median of (API - host) with each one first. A request that
+follows an idle moment is slower whichever path it takes, so the two orders differ by that, and
+their mean is the relay's own cost.
 """
 
 from __future__ import annotations
@@ -57,9 +63,37 @@ def train_one_step(service: common.Service, base: Path, dataset: Path) -> str:
     return job_id
 
 
+def idle_probe(
+    api: Callable[[], bench_serving.Run], host: Callable[[], bench_serving.Run], gaps: list[float], pairs: int
+) -> dict[str, dict[str, float]]:
+    """Per idle gap: the median TTFT of API minus host, with the API first and with the host
+    first after the gap, and the mean of the two (the relay without the idle moment's cost)."""
+    result: dict[str, dict[str, float]] = {}
+    for gap in gaps:
+        differences: dict[str, list[float]] = {"api_first": [], "host_first": []}
+        for pair in range(2 * pairs):
+            time.sleep(gap)
+            if pair % 2 == 0:
+                first_api = api().ttft
+                differences["api_first"].append(1000 * (first_api - host().ttft))
+            else:
+                first_host = host().ttft
+                differences["host_first"].append(1000 * (api().ttft - first_host))
+        medians = {order: round(common.median(values), 2) for order, values in differences.items()}
+        mean = (medians["api_first"] + medians["host_first"]) / 2
+        result[f"{gap:g}s"] = {**medians, "mean": round(mean, 2)}
+    return result
+
+
+def _gaps(text: str) -> list[float]:
+    return [float(part) for part in text.split(",") if part.strip()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bench_serving.add_model_arguments(parser, max_tokens=64, rounds=24)
+    parser.add_argument("--idle-gaps", type=_gaps, default=[], help="seconds, comma-separated (see above)")
+    parser.add_argument("--idle-pairs", type=int, default=8, help="pairs per gap and order")
     args = parser.parse_args()
 
     import torch
@@ -113,6 +147,13 @@ def main() -> None:
             }
             runs = bench_serving.measure(paths, args.rounds, args.warmup)
 
+            idle = idle_probe(
+                bench_serving.http_path(service.port, service.token, {**user_body, "max_tokens": 1}),
+                bench_serving.http_path(host_port, secret, {**body, "max_tokens": 1}),
+                args.idle_gaps,
+                args.idle_pairs,
+            )
+
     relay = [1000 * (api.ttft - host.ttft) for api, host in zip(runs["api"], runs["host"], strict=True)]
     common.report(
         "serving_api",
@@ -122,6 +163,7 @@ def main() -> None:
             "figures": {name: bench_serving.median_of(r) for name, r in runs.items()},
             "ratios": bench_serving.ratios_to_plain(runs),
             "relay_adds_ttft_ms_median": round(common.median(relay), 2),
+            "idle_probe_api_minus_host_ms": idle,
             "target": f">= {TARGET} of plain model.generate, TTFT and tokens/s",
         },
         args.json_out,
