@@ -58,23 +58,26 @@ async def parse_body(request: Request, model: type[RequestBody]) -> RequestBody:
 class GenerationStream(StreamingResponse):
     """Server-Sent Events of one generation, which is cancelled however the answer ends: also
     when the client left before the first chunk, and the body iterator (whose own `finally`
-    cancels it too) never started.
+    cancels it too and logs the answer) never started; the answer is then logged here.
 
     Starlette's `__call__` runs the body and a disconnect listener in an anyio task group; this
     one sends the headers, then watches for the disconnect with a plain task, which leaves the
     loop less to do before the first token. A client that leaves cancels the generation, which
     ends within a token, and the stream with it."""
 
-    def __init__(self, stream: AsyncIterator[bytes], generation: Generation) -> None:
+    def __init__(self, stream: AsyncIterator[bytes], generation: Generation, answer: Answer) -> None:
         super().__init__(stream, media_type="text/event-stream", headers=SSE_HEADERS)
         self.generation = generation
+        self.answer = answer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher: asyncio.Task[None] | None = None
+        iterated = False
         try:
             start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-            await send(start)
+            await send(start)  # raises when the client has gone (ASGI 2.4)
             watcher = asyncio.create_task(self._cancel_on_disconnect(receive))
+            iterated = True  # the first step below enters the body's `try`: its `finally` logs
             async for chunk in self.body_iterator:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -82,6 +85,8 @@ class GenerationStream(StreamingResponse):
             if watcher is not None:
                 watcher.cancel()
             self.generation.cancel()
+            if not iterated:
+                answers.log_answered(self.answer, "streamed")
 
     async def _cancel_on_disconnect(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -119,7 +124,8 @@ def create_app(engine: Engine, *, secret: str, jobs_root: Path, allowed_roots: S
         answer = Answer("chatcmpl", target.model, len(prompt), [Choice() for _ in range(params.n)])
         generation = await engine.start(loaded, [prompt], params)
         if body.stream:
-            return GenerationStream(answers.stream_chat(generation, answer, body.include_usage), generation)
+            stream = answers.stream_chat(generation, answer, body.include_usage)
+            return GenerationStream(stream, generation, answer)
         return JSONResponse(
             (await answers.collect(generation, answer, request.is_disconnected)).chat_completion()
         )
@@ -140,9 +146,8 @@ def create_app(engine: Engine, *, secret: str, jobs_root: Path, allowed_roots: S
         answer = Answer("cmpl", target.model, sum(len(p) for p in prompts), choices)
         generation = await engine.start(loaded, prompts, params)
         if body.stream:
-            return GenerationStream(
-                answers.stream_completion(generation, answer, body.include_usage), generation
-            )
+            stream = answers.stream_completion(generation, answer, body.include_usage)
+            return GenerationStream(stream, generation, answer)
         return JSONResponse(
             (await answers.collect(generation, answer, request.is_disconnected)).text_completion()
         )
