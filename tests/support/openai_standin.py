@@ -8,7 +8,8 @@ words of the prompt, so answers are predictable. The real endpoints are tested e
 integration and browser tests.
 
 A stream writes one word every `state.token_delay` seconds and counts itself in `state.active` while it
-runs, so a test can see a closed client stop the generation.
+runs, so a test can see a closed client stop the generation. A whole answer to a prompt with the
+word `SLOW` does the same before it answers (counted, and stopped by a closed client).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 TOKEN = "tw-standin"
 JOB = "job-standin1"
@@ -70,15 +72,25 @@ def _words(body: dict[str, Any]) -> list[str]:
     return words[: int(body.get("max_tokens") or 16)]
 
 
+class _TokenCheck:
+    """The bearer token on /v1/, as plain ASGI: a `BaseHTTPMiddleware` would keep a client's
+    disconnect from the endpoints' `request.is_disconnected()`."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        protected = scope["type"] == "http" and scope["path"].startswith("/v1/")
+        if protected and dict(scope["headers"]).get(b"authorization") != f"Bearer {TOKEN}".encode():
+            await _error(401, "missing or invalid token", None, "invalid_token")(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def make_app(state: State) -> FastAPI:
     app = FastAPI()
 
-    @app.middleware("http")
-    async def auth(request: Request, call_next: Any) -> Any:
-        authorized = request.headers.get("authorization") == f"Bearer {TOKEN}"
-        if request.url.path.startswith("/v1/") and not authorized:
-            return _error(401, "missing or invalid token", None, "invalid_token")
-        return await call_next(request)
+    app.add_middleware(_TokenCheck)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -124,6 +136,15 @@ def make_app(state: State) -> FastAPI:
         created, cid = int(time.time()), f"cmpl-{len(state.requests)}"
         obj = "chat.completion" if kind == "chat" else "text_completion"
         if not body.get("stream"):
+            if "SLOW " in words:  # a whole answer that takes a while, as a real one does
+                state.active += 1
+                try:
+                    for _ in words:
+                        if await request.is_disconnected():
+                            return _error(499, "the client left", None, "client_closed")
+                        await asyncio.sleep(state.token_delay)
+                finally:
+                    state.active -= 1
             text = "".join(words)
             choices = [
                 {"index": i, "finish_reason": "length", "logprobs": None}

@@ -153,17 +153,39 @@ def test_a_host_that_drops_the_request_is_a_502(url: str, relay: tuple[str, dict
     assert dropped.status_code == 502 and dropped.json()["error"]["code"] == "serving_host_error"
 
 
-def test_a_client_that_leaves_mid_stream_stops_the_generation(
-    url: str, host: Standin, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(openai_standin, "TOKEN_DELAY", 0.25)  # 20 words: 5 s if nobody stops it
+@pytest.fixture()
+def slow_host(host: Standin) -> Iterator[Standin]:
+    """The stand-in at 0.25 s a word: 20 words take 5 s unless the client's leaving stops them."""
+    host.state.token_delay = 0.25
+    try:
+        yield host
+    finally:
+        host.state.token_delay = openai_standin.TOKEN_DELAY
+
+
+def _stops_within(host: Standin, seconds: float) -> None:
+    left = time.monotonic()
+    while host.state.active and time.monotonic() - left < seconds + 1:
+        time.sleep(0.02)
+    assert host.state.active == 0, "the host kept generating for a client that had gone"
+    assert time.monotonic() - left < seconds
+
+
+def test_a_client_that_leaves_mid_stream_stops_the_generation(url: str, slow_host: Standin) -> None:
     prompt = " ".join(f"w{i}" for i in range(20))
     body = {"model": FINE_TUNED, "prompt": prompt, "max_tokens": 20, "stream": True}
     with httpx.stream("POST", f"{url}/v1/completions", json=body) as streamed:
         lines = streamed.iter_lines()  # held: dropping a half-read iterator closes the connection
-        assert next(lines).startswith("data: ") and host.state.active == 1
-    left = time.monotonic()  # the `with` closed the connection
-    while host.state.active and time.monotonic() - left < 3:
-        time.sleep(0.02)
-    assert host.state.active == 0, "the host kept generating for a client that had gone"
-    assert time.monotonic() - left < 2.5
+        assert next(lines).startswith("data: ") and slow_host.state.active == 1
+    _stops_within(slow_host, 2.5)  # the `with` closed the connection
+
+
+def test_a_client_that_leaves_before_the_answer_stops_the_generation(url: str, slow_host: Standin) -> None:
+    """A whole answer sends nothing until it is done: a client that gives up before then (its
+    timeout) closes the upstream request while the relay still waits for the host's headers."""
+    prompt = "SLOW " + " ".join(f"w{i}" for i in range(19))
+    body = {"model": FINE_TUNED, "prompt": prompt, "max_tokens": 20}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.6))
+    assert slow_host.state.active == 1  # still generating when the client gave up
+    _stops_within(slow_host, 2.5)
