@@ -10,9 +10,17 @@ data dir, a scratch PostgreSQL database and the embedded broker), fine-tunes the
 `bench_serving.py` for one step through the API, and then times, in balanced orders per round:
 
 - plain: `model.generate` of the job's checkpoint in this process (the baseline);
-- host: `POST /v1/completions` to the host with the `twinkle` key, as the relay sends it;
+- host: `POST /v1/completions` with the `twinkle` key, as the relay sends it, to a second host
+  of its own (its own data dir and SQLite database, a copy of the checkpoint), which the API
+  server does not know;
 - api: `POST /v1/completions` to the API server with `model` = `JOB_ID:ckpt-1` and the user's
   token, the request a user's client sends.
+
+Each path has its own process and its own copy of the weights. A path that runs right after
+another in the same process finds the weights in the CPU's caches; with the stack's own host
+called directly (`--shared-host`, how this script measured before 12-05 12:13), the host and API
+paths found them so after each other, and plain `generate` never, which favoured both against
+the baseline.
 
 All three read the same greedy answer (EOS ignored) through `http.client` or the streamer of
 `bench_serving.py`. Ratios are per round, then the median, as there; the target (>= 0.9 of plain
@@ -28,10 +36,12 @@ their mean is the relay's own cost.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +71,31 @@ def train_one_step(service: common.Service, base: Path, dataset: Path) -> str:
                 raise RuntimeError(f"the fine-tune did not succeed: {job}")
             time.sleep(0.5)
     return job_id
+
+
+@dataclass
+class DirectHost:
+    """The host the `host` path calls: a second one of its own (see above), or the stack's."""
+
+    port: int
+    secret: str
+    checkpoint: Path  # the job's checkpoint, or its copy under the second host's jobs root
+    own: bench_serving.Host | None = None
+
+    def stop(self) -> None:
+        if self.own is not None:
+            self.own.stop()
+
+
+def direct_host(work: Path, data_dir: Path, checkpoint: Path, stack_port: int, shared: bool) -> DirectHost:
+    if shared:
+        return DirectHost(stack_port, (data_dir / "serving-secret").read_text().strip(), checkpoint)
+    own_dir = work / "direct"
+    copy = own_dir / checkpoint.relative_to(data_dir)  # <data dir>/jobs/...: under its jobs root
+    shutil.copytree(checkpoint, copy)
+    host = bench_serving.Host(own_dir, own_dir / "jobs", threads=1)
+    host.start()
+    return DirectHost(host.port, host.secret, copy, host)
 
 
 def idle_probe(
@@ -94,6 +129,9 @@ def main() -> None:
     bench_serving.add_model_arguments(parser, max_tokens=64, rounds=24)
     parser.add_argument("--idle-gaps", type=_gaps, default=[], help="seconds, comma-separated (see above)")
     parser.add_argument("--idle-pairs", type=int, default=8, help="pairs per gap and order")
+    parser.add_argument(
+        "--shared-host", action="store_true", help="call the stack's own host directly (see above)"
+    )
     args = parser.parse_args()
 
     import torch
@@ -136,23 +174,26 @@ def main() -> None:
             ids = bench_serving.prompt_ids(tokenizer, args.prompt_tokens)
             prompt = tokenizer.decode(ids)
             bench_serving.check_answer_is_text(weights, tokenizer, ids, args.max_tokens)
-            secret = (data_dir / "serving-secret").read_text().strip()
-            body = bench_serving.completion_body(checkpoint, prompt, args.max_tokens)
-            user_body: dict[str, Any] = {**body, "model": f"{job_id}:ckpt-1"}
+            user_body: dict[str, Any] = bench_serving.completion_body(checkpoint, prompt, args.max_tokens)
+            user_body["model"] = f"{job_id}:ckpt-1"
             del user_body["twinkle"]
-            paths: dict[str, Callable[[], bench_serving.Run]] = {
-                "plain": bench_serving.plain_path(weights, ids, args.max_tokens),
-                "host": bench_serving.http_path(host_port, secret, body),
-                "api": bench_serving.http_path(service.port, service.token, user_body),
-            }
-            runs = bench_serving.measure(paths, args.rounds, args.warmup)
-
-            idle = idle_probe(
-                bench_serving.http_path(service.port, service.token, {**user_body, "max_tokens": 1}),
-                bench_serving.http_path(host_port, secret, {**body, "max_tokens": 1}),
-                args.idle_gaps,
-                args.idle_pairs,
-            )
+            direct = direct_host(Path(tmp), data_dir, checkpoint, host_port, shared=args.shared_host)
+            try:
+                body = bench_serving.completion_body(direct.checkpoint, prompt, args.max_tokens)
+                paths: dict[str, Callable[[], bench_serving.Run]] = {
+                    "plain": bench_serving.plain_path(weights, ids, args.max_tokens),
+                    "host": bench_serving.http_path(direct.port, direct.secret, body),
+                    "api": bench_serving.http_path(service.port, service.token, user_body),
+                }
+                runs = bench_serving.measure(paths, args.rounds, args.warmup)
+                idle = idle_probe(
+                    bench_serving.http_path(service.port, service.token, {**user_body, "max_tokens": 1}),
+                    bench_serving.http_path(direct.port, direct.secret, {**body, "max_tokens": 1}),
+                    args.idle_gaps,
+                    args.idle_pairs,
+                )
+            finally:
+                direct.stop()
 
     relay = [1000 * (api.ttft - host.ttft) for api, host in zip(runs["api"], runs["host"], strict=True)]
     common.report(
