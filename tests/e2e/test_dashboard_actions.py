@@ -37,7 +37,17 @@ def api_job(stack: Any, job_id: str) -> dict[str, Any]:
 
 
 def buttons_are(page: Any, actions: list[str]) -> None:
-    page.wait_for_function(f"want => JSON.stringify(({BUTTONS})()) === JSON.stringify(want)", arg=actions)
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(f"want => JSON.stringify(({BUTTONS})()) === JSON.stringify(want)", arg=actions)
+    except PlaywrightTimeout:
+        # What the page showed instead names the failure (it failed once in CI, 12-05, and did not
+        # come back in six reruns, two of them under a full CPU load).
+        head = page.evaluate("() => document.querySelector('.page-head')?.innerText")
+        raise AssertionError(
+            f"buttons {page.evaluate(BUTTONS)}, wanted {actions}; at {page.url}; page head: {head!r}"
+        ) from None
 
 
 def test_the_buttons_are_the_jobs_actions_in_every_status(
