@@ -11,9 +11,10 @@ kept briefly, as a token's principal is (`server.auth.cache`), and a warm reques
   dropped by retention, it resolves for at most that long; a host that must load it then finds
   no files and answers 404 naming `model`. Only resolutions are kept: an unknown name reads the
   database every time, so a job's model is callable the moment the job succeeded.
-- The live hosts for `HOSTS_TTL_SECONDS`, well under their heartbeat period (the `loaded` they
-  report is that old already). A host that died since is skipped by the relay, which tries the
-  next; an empty list is never kept, so the first host to start is seen at once.
+- The live hosts for `HOSTS_TTL_SECONDS`, the hosts' default heartbeat period (the `loaded` they
+  report may be that old already) and a sixth of the staleness after which a silent host stops
+  counting as live. A host that died since is skipped by the relay, which tries the next; an
+  empty list is never kept, so the first host to start is seen at once.
 """
 
 from __future__ import annotations
