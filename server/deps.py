@@ -8,6 +8,7 @@ are registered with `after_commit` and run right after the commit.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, TypeVar
@@ -23,7 +24,8 @@ from starlette.concurrency import run_in_threadpool
 from jobcore.settings import Settings
 from server.auth.principal import Principal
 from server.auth.ratelimit import RateLimiter
-from server.auth.service import authenticate, cached_principal
+from server.auth.service import authenticate, cached_principal, principal_refresh_due
+from server.common import after_response
 from server.errors import Forbidden, RateLimited, Unauthorized
 
 log = logging.getLogger(__name__)
@@ -126,11 +128,13 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 BEARER_DESCRIPTION = "An API token: `Authorization: Bearer <token>`"
 
 
-def _authenticate_alone(session_factory: sessionmaker[Session], plain: str) -> Principal | None:
-    """A cache miss: the token's row on a session of its own, its `last_used_at` stamp committed.
-    Blocking: in a thread."""
+def _authenticate_alone(
+    session_factory: sessionmaker[Session], plain: str, reload: bool = False
+) -> Principal | None:
+    """A cache miss (or a refresh, `reload`): the token's row on a session of its own, its
+    `last_used_at` stamp committed. Blocking: in a thread."""
     with session_factory() as session:
-        principal = authenticate(session, plain)
+        principal = authenticate(session, plain, reload=reload)
         session.commit()
         return principal
 
@@ -143,9 +147,10 @@ class TokenAuth(SecurityBase):
     part of a cached read's CPU (docs/benchmarks.md, issue 17), and the `Session` was opened and
     closed for nothing whenever the principal came from the cache. Now a cached principal costs
     no `Session` and no I/O; a miss authenticates on a session of its own, in one thread hop,
-    committed and closed before the endpoint runs. Every router authenticates this way, so the
-    endpoint's own `SessionDep` (if any) is never the authentication's. OpenAPI documents the
-    same scheme as before (`HTTPBearer`).
+    committed and closed before the endpoint runs; a cached principal past half its life is
+    reloaded the same way after the response (`server.common.after_response`). Every router
+    authenticates this way, so the endpoint's own `SessionDep` (if any) is never the
+    authentication's. OpenAPI documents the same scheme as before (`HTTPBearer`).
     """
 
     def __init__(self, scope: str) -> None:
@@ -159,9 +164,15 @@ class TokenAuth(SecurityBase):
             raise Unauthorized(
                 "missing bearer token: send 'Authorization: Bearer <token>'", code="missing_token"
             )
-        principal = cached_principal(request.app.state.engine, plain)
+        engine = request.app.state.engine
+        principal = cached_principal(engine, plain)
         if principal is None:
             principal = await run_in_threadpool(_authenticate_alone, request.app.state.session_factory, plain)
+        elif principal_refresh_due(engine, plain):
+            reload = functools.partial(
+                run_in_threadpool, _authenticate_alone, request.app.state.session_factory, plain, True
+            )
+            after_response.defer(request, reload)
         if principal is None:
             raise Unauthorized("invalid or revoked token")
         if principal.rate_limit_per_minute:

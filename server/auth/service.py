@@ -181,24 +181,33 @@ def cached_principal(engine: Engine, plain: str) -> Principal | None:
     return None if principal is None or principal.expired(utcnow()) else principal
 
 
-def authenticate(session: Session, plain: str) -> Principal | None:
+def principal_refresh_due(engine: Engine, plain: str) -> bool:
+    """True for one request once the token's cached principal is past half its life: that request
+    reloads it after its response (`authenticate(..., reload=True)`), so steady use never meets
+    an expired entry (`server.common.ttl_cache`)."""
+    return cache_for(engine).claim_refresh(hash_token(plain))
+
+
+def authenticate(session: Session, plain: str, *, reload: bool = False) -> Principal | None:
     """The principal for a bearer token, or None when it is unknown or revoked.
 
     Served from the per-process cache (`server.auth.cache`: a revocation by another process is
-    honoured within its TTL) or else loaded with one joined query. `last_used_at` is written at
-    most once per LAST_USED_RESOLUTION per token, and only on a cache miss.
+    honoured within its TTL) or else loaded with one joined query; `reload` skips the cache (a
+    refresh ahead of expiry), and a token found gone leaves it at once. `last_used_at` is written
+    at most once per LAST_USED_RESOLUTION per token, and only when the row is read.
     """
     if not plain or len(plain) > 512:
         return None
     digest = hash_token(plain)
     cache = _cache(session)
     now = utcnow()
-    principal = cache.get(digest)
+    principal = None if reload else cache.get(digest)
     if principal is not None:
         return None if principal.expired(now) else principal
     generation = cache.generation
     row = repository.principal_row(session, digest)
     if row is None or (row.expires_at is not None and now >= row.expires_at):
+        cache.discard(digest)
         return None
     if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
         repository.touch_token(session, row.id, now)

@@ -1,5 +1,6 @@
-"""ASGI middleware: a request id on every response, API latency for /metrics, and one retry
-when the database connection turns out to be dead.
+"""ASGI middleware: a request id on every response, API latency for /metrics, one retry when
+the database connection turns out to be dead, and the work a request deferred until after its
+response (`server.common.after_response`).
 
 Written as plain ASGI (not BaseHTTPMiddleware) so streamed responses (SSE, downloads) pass
 through untouched.
@@ -24,6 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.cluster.prometheus import ApiLatency
+from server.common.after_response import run_deferred
 from server.errors import error_json
 
 log = logging.getLogger(__name__)
@@ -73,7 +75,7 @@ class RequestContextMiddleware:
                 attempt_scope = {**scope, "state": dict(scope["state"])}
                 try:
                     await self.app(attempt_scope, replayable.replay(), send_with_id)
-                    return
+                    break
                 except DBAPIError as exc:
                     if response_started or not lost_connection(exc):
                         raise
@@ -89,6 +91,7 @@ class RequestContextMiddleware:
             self.latency.observe(
                 scope["method"], template, status_holder["status"], time.perf_counter() - started
             )
+        await run_deferred(attempt_scope)  # after the whole response: nobody waits for it
 
     @staticmethod
     async def _unavailable(scope: Scope, receive: Receive, send: Send) -> None:

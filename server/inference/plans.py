@@ -15,9 +15,15 @@ kept briefly, as a token's principal is (`server.auth.cache`), and a warm reques
   report may be that old already) and a sixth of the staleness after which a silent host stops
   counting as live. A host that died since is skipped by the relay, which tries the next; an
   empty list is never kept, so the first host to start is seen at once.
+
+A request that finds an entry past half its life reloads it after its response (`refresh_due`,
+`refresh`), so a model in steady use never waits for these statements; what is served is never
+older than the TTLs above either way.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session
@@ -25,6 +31,7 @@ from sqlalchemy.orm import Session
 from jobcore.settings import Settings
 from server.auth.principal import Principal
 from server.common.ttl_cache import PerEngine
+from server.errors import NotFound
 from server.inference import hosts, service
 
 MODEL_TTL_SECONDS = 5.0
@@ -70,6 +77,48 @@ def load(session: Session, engine: Engine, settings: Settings, principal: Princi
         if live:
             live_hosts.put(_HOSTS_KEY, live, live_hosts.generation)
     return served, live
+
+
+@dataclass(frozen=True)
+class Due:
+    """Which of a warm plan's entries this request reloads after its response."""
+
+    model: bool
+    hosts: bool
+
+    def __bool__(self) -> bool:
+        return self.model or self.hosts
+
+
+def refresh_due(engine: Engine, principal: Principal, model: str) -> Due:
+    """Claim the reload of a cached plan's entries past half their life (one request each), so
+    that steady use of a model never meets them expired (`server.common.ttl_cache`)."""
+    return Due(
+        model=model_cache(engine).claim_refresh(_model_key(principal, model)),
+        hosts=host_cache(engine).claim_refresh(_HOSTS_KEY),
+    )
+
+
+def refresh(
+    session: Session, engine: Engine, settings: Settings, principal: Principal, model: str, due: Due
+) -> None:
+    """Reload what `due` names, after a response (nobody waits): a model that no longer resolves
+    and an empty host list leave the cache, so the next request reads the database and answers
+    as it would have (404 naming `model`, 503)."""
+    if due.model:
+        models, key = model_cache(engine), _model_key(principal, model)
+        generation = models.generation
+        try:
+            models.put(key, service.resolve(session, principal, model), generation)
+        except NotFound:
+            models.discard(key)
+    if due.hosts:
+        live_hosts = host_cache(engine)
+        live = hosts.live_hosts(session, settings)
+        if live:
+            live_hosts.put(_HOSTS_KEY, live, live_hosts.generation)
+        else:
+            live_hosts.discard(_HOSTS_KEY)
 
 
 def forget_models(session: Session) -> None:

@@ -2,12 +2,13 @@
 project trained, for the official `openai` client unchanged (streaming included).
 
 The API server does no GPU work: it resolves `model` to a checkpoint in SQL, picks a live
-serving host (both kept for moments: server/inference/plans.py) and relays the request there
-(server/inference/relay.py).
+serving host (both kept for moments and reloaded ahead: server/inference/plans.py) and relays
+the request there (server/inference/relay.py).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
@@ -17,7 +18,7 @@ from starlette.responses import Response
 
 from jobcore.settings import Settings
 from server.auth.principal import Principal
-from server.common import reads
+from server.common import after_response, reads
 from server.deps import ReadPrincipal, SessionDep, SettingsDep, run_read
 from server.errors import ErrorResponse, Unavailable, error_responses
 from server.inference import hosts, plans, service
@@ -71,6 +72,13 @@ async def _relay(
 
         # On the read engine: on PostgreSQL no hop into the thread pool (server/common/reads.py).
         plan = await reads.run_read(request, load)
+    elif due := plans.refresh_due(engine, principal, body.model):
+
+        def refresh(connection: Connection) -> None:
+            with Session(bind=connection) as session:
+                plans.refresh(session, engine, settings, principal, body.model, due)
+
+        after_response.defer(request, functools.partial(reads.run_read, request, refresh))
     served, live = plan
     urls = hosts.order_for(live, served.checkpoint)
     if not urls:

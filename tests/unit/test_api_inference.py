@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 from openai_standin import TOKEN, Standin, serve_standin
 from sqlalchemy import event
 from test_api_support import *  # noqa: F403
-from test_api_support import BOOTSTRAP, Api
+from test_api_support import BOOTSTRAP, RESPONSE_SENT, Api
 
 from jobcore.db.models import Checkpoint, ServingHost, utcnow
 from server.inference import names, plans
@@ -263,6 +264,26 @@ def test_a_live_host_gets_the_resolved_checkpoint(api: Api, host: Standin) -> No
     assert sent["prompt"] == "x"
 
 
+@contextmanager
+def _statements(api: Api) -> Iterator[list[str]]:
+    """The SQL statements the app's engines send while the block runs."""
+    statements: list[str] = []
+    engines = [api.app.state.engine]
+    if api.app.state.read_engine is not None:
+        engines.append(api.app.state.read_engine.sync_engine)
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield statements
+    finally:
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", record)
+
+
 def test_a_warm_request_reads_no_sql_and_a_deleted_job_stops_resolving_at_once(
     api: Api, host: Standin
 ) -> None:
@@ -278,26 +299,54 @@ def test_a_warm_request_reads_no_sql_and_a_deleted_job_stops_resolving_at_once(
     _chat(api, model)  # the first resolves in SQL and reads the hosts
     assert host.state.requests[-1]["twinkle"]["checkpoint"] == checkpoint["path"]
 
-    statements: list[str] = []
-    engines = [api.app.state.engine]
-    if api.app.state.read_engine is not None:
-        engines.append(api.app.state.read_engine.sync_engine)
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        statements.append(statement)
-
-    for engine in engines:
-        event.listen(engine, "before_cursor_execute", record)
-    try:
+    with _statements(api) as statements:
         seen = len(host.state.requests)
         _chat(api, model)
         assert len(host.state.requests) == seen + 1, "the warm request did not reach the host"
-        assert statements == []
-    finally:
-        for engine in engines:
-            event.remove(engine, "before_cursor_execute", record)
+    assert statements == []
 
     assert api.client.delete(f"/v1/jobs/{job['id']}", headers=api.admin).status_code == 200
     seen = len(host.state.requests)
     _assert_unknown(_chat(api, model))
     assert len(host.state.requests) == seen  # refused here, not relayed
+
+
+def test_a_model_in_steady_use_is_reloaded_after_its_response_and_a_dropped_one_ends_early(
+    api: Api, host: Standin
+) -> None:
+    """An entry of the plan past half its life is reloaded by one request after that request's
+    response, never on its way to the host; a checkpoint dropped by another process is found
+    so by the reload and stops resolving before its entry would have expired."""
+    api.settings.serving_secret = TOKEN
+    engine = api.app.state.engine
+    now = [1000.0]
+    for cache in (plans.model_cache(engine), plans.host_cache(engine)):
+        cache.clock = lambda: now[0]
+    job = api.submit(name="steady")
+    api.force_status(job["id"], "succeeded")
+    api.add_checkpoint(job["id"], 2)
+    _register_host(api, host.url)
+    model = f"{job['id']}:ckpt-2"
+    _chat(api, model)  # resolves in SQL, reads the hosts, keeps both
+
+    now[0] += 0.6 * plans.MODEL_TTL_SECONDS
+    with _statements(api) as seen, api.response_ends(seen):
+        sent = len(host.state.requests)
+        _chat(api, model)
+        assert len(host.state.requests) == sent + 1
+    ended = seen.index(RESPONSE_SENT)
+    assert ended == 0, f"a statement ran on the request's way: {seen[:ended]}"
+    reloads = " ".join(seen[1:])
+    assert "checkpoints" in reloads and "serving_hosts" in reloads, seen
+    with _statements(api) as seen:
+        _chat(api, model)
+    assert seen == []  # reloaded once: the entries are young again
+
+    with api.session() as session, session.begin():  # retention, in another process
+        session.query(Checkpoint).filter_by(job_id=job["id"]).delete()
+    now[0] += 0.6 * plans.MODEL_TTL_SECONDS
+    sent = len(host.state.requests)
+    _chat(api, model)  # still within its TTL: relayed, and its reload finds the checkpoint gone
+    assert len(host.state.requests) == sent + 1
+    _assert_unknown(_chat(api, model))
+    assert len(host.state.requests) == sent + 1

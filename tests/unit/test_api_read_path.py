@@ -1,5 +1,6 @@
 """The read path's shortcuts keep their promises: the principal cache honours revocation within
-its TTL (at once when revoked through this process), last_used_at is not written per request,
+its TTL (at once when revoked through this process), reloads a token in use after a response,
+never on a request's way, last_used_at is not written per request,
 a page costs a fixed number of statements, rows presented without models match the documented
 models, a list reads the spec only with expand=spec, reads on PostgreSQL stay on the event loop,
 and a dead database connection is retried or answered 503 (never 500). On SQLite and PostgreSQL
@@ -17,7 +18,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, event, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 from test_api_support import *  # noqa: F403
-from test_api_support import Api
+from test_api_support import RESPONSE_SENT, Api
 
 from jobcore.db.models import ApiToken, Checkpoint, Job, utcnow
 from server.auth.cache import TTL_SECONDS, TtlCache, cache_for
@@ -92,6 +93,75 @@ def test_a_token_revoked_elsewhere_stops_working_within_the_cache_ttl(api: Api) 
     # ... and never after.
     now[0] += 0.2
     assert api.client.get("/v1/jobs", headers=headers).json()["error"]["code"] == "invalid_token"
+
+
+def _token_reads(seen: list[str]) -> list[int]:
+    return [i for i, s in enumerate(seen) if "api_tokens" in s and s.lstrip().upper().startswith("SELECT")]
+
+
+def test_a_token_in_steady_use_is_reloaded_after_its_response_and_never_expires(api: Api) -> None:
+    headers = api.token("p1")
+    cache = _cache(api)
+    now = [1000.0]
+    cache.clock = lambda: now[0]
+    assert api.client.get("/v1/jobs", headers=headers).status_code == 200  # the miss: read, kept
+    # In the first half of its life the entry is only used.
+    now[0] += 0.4 * TTL_SECONDS
+    with statements(api) as seen:
+        assert api.client.get("/v1/jobs", headers=headers).status_code == 200
+    assert _token_reads(seen) == []
+    # Past it, one request reloads the token, after its whole response has gone out.
+    now[0] += 0.2 * TTL_SECONDS
+    with statements(api) as seen, api.response_ends(seen):
+        assert api.client.get("/v1/jobs", headers=headers).status_code == 200
+    reads_at = _token_reads(seen)
+    assert len(reads_at) == 1 and reads_at[0] > seen.index(RESPONSE_SENT), seen
+    # Once per half-life: the next request only uses the reloaded entry ...
+    with statements(api) as seen:
+        assert api.client.get("/v1/jobs", headers=headers).status_code == 200
+    assert _token_reads(seen) == []
+    # ... which lives on past the first entry's expiry: steady use never waits for the row.
+    now[0] += 0.7 * TTL_SECONDS
+    with statements(api) as seen, api.response_ends(seen):
+        assert api.client.get("/v1/jobs", headers=headers).status_code == 200
+    assert _token_reads(seen)[0] > seen.index(RESPONSE_SENT)
+
+
+def test_a_reload_that_finds_the_token_revoked_ends_it_before_the_ttl(api: Api) -> None:
+    headers = api.token("p1")
+    cache = _cache(api)
+    now = [1000.0]
+    cache.clock = lambda: now[0]
+    assert api.client.get("/v1/jobs", headers=headers).status_code == 200
+    _revoke_elsewhere(api, _plain(headers))
+    now[0] += 0.6 * TTL_SECONDS
+    # Still within the TTL, this request is served from the cache; its reload finds the token
+    # revoked, and the next request is refused though the entry had time left.
+    assert api.client.get("/v1/jobs", headers=headers).status_code == 200
+    assert api.client.get("/v1/jobs", headers=headers).json()["error"]["code"] == "invalid_token"
+
+
+def test_an_entry_is_claimed_for_reload_once_per_half_life_and_never_served_expired() -> None:
+    now = [0.0]
+    cache: TtlCache[str] = TtlCache(ttl=10, clock=lambda: now[0])
+    assert not cache.claim_refresh("k")  # nothing to reload
+    cache.put("k", "v1", cache.generation)
+    now[0] = 4.9
+    assert not cache.claim_refresh("k")  # young: only used
+    now[0] = 5.0
+    assert cache.claim_refresh("k") and not cache.claim_refresh("k")  # one caller reloads
+    now[0] = 7.4
+    assert not cache.claim_refresh("k")
+    now[0] = 7.5
+    assert cache.claim_refresh("k")  # that reload never came: another may try
+    assert cache.get("k") == "v1"
+    now[0] = 10.0
+    assert cache.get("k") is None and not cache.claim_refresh("k")  # expired: no longer served
+    cache.put("k", "v2", cache.generation)
+    now[0] = 14.0
+    assert not cache.claim_refresh("k") and cache.get("k") == "v2"  # a put starts a new life
+    cache.discard("k")
+    assert cache.get("k") is None
 
 
 def test_revoking_through_this_process_takes_effect_at_once(api: Api) -> None:

@@ -12,6 +12,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -31,9 +32,19 @@ from server.app import create_app
 from server.auth.service import create_token, set_project_limits
 from server.progress.stream import StreamTiming
 
-__all__ = ["BOOTSTRAP", "Api", "api", "api_db_url", "api_pg_database", "api_sqlite_template", "spec_body"]
+__all__ = [
+    "BOOTSTRAP",
+    "RESPONSE_SENT",
+    "Api",
+    "api",
+    "api_db_url",
+    "api_pg_database",
+    "api_sqlite_template",
+    "spec_body",
+]
 
 BOOTSTRAP = "bootstrap-test-token"
+RESPONSE_SENT = "-- the response was sent --"
 PG_ENV = "TWINKLE_TEST_POSTGRES_URL"
 
 
@@ -128,6 +139,27 @@ class Api:
     def session(self) -> Session:
         factory: sessionmaker[Session] = self.app.state.session_factory
         return factory()
+
+    @contextmanager
+    def response_ends(self, into: list[str]) -> Iterator[None]:
+        """Append `RESPONSE_SENT` to `into` when the app has sent the last byte of a response (the
+        app as the test client calls it, under every middleware)."""
+        transport: Any = self.client._transport
+        app = transport.app
+
+        async def marked(scope: Any, receive: Any, send: Any) -> None:
+            async def send_marked(message: Any) -> None:
+                await send(message)
+                if message["type"] == "http.response.body" and not message.get("more_body", False):
+                    into.append(RESPONSE_SENT)
+
+            await app(scope, receive, send_marked)
+
+        transport.app = marked
+        try:
+            yield
+        finally:
+            transport.app = app
 
     def token(
         self, project: str = "default", scopes: tuple[str, ...] = ("read", "write"), **kw: Any
