@@ -9,7 +9,8 @@ the request there (server/inference/relay.py).
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Path, Request
 from sqlalchemy import Connection, Engine
@@ -23,6 +24,7 @@ from server.deps import ReadPrincipal, SessionDep, SettingsDep, run_read
 from server.errors import ErrorResponse, Unavailable, error_responses
 from server.inference import hosts, plans, service
 from server.inference.relay import NO_HOST_RETRY_AFTER_SECONDS, HostRelay
+from server.inference.route import GenerationRoute
 from server.inference.schemas import (
     ChatCompletion,
     ChatCompletionCreate,
@@ -33,6 +35,7 @@ from server.inference.schemas import (
 )
 
 router = APIRouter(prefix="/v1", tags=["inference"])
+Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
 
 _RETRY_AFTER = {
     "Retry-After": {"description": "Seconds to wait before retrying", "schema": {"type": "integer"}}
@@ -48,6 +51,16 @@ GENERATION_ERRORS: dict[int | str, dict[str, Any]] = {
         "headers": _RETRY_AFTER,
     },
 }
+
+
+def _generation(path: str, **route: Any) -> Callable[[Endpoint], Endpoint]:
+    """`@router.post(path, ...)` on a `GenerationRoute` (server/inference/route.py)."""
+
+    def register(endpoint: Endpoint) -> Endpoint:
+        router.add_api_route(path, endpoint, methods=["POST"], route_class_override=GenerationRoute, **route)
+        return endpoint
+
+    return register
 
 
 def _sse(described: str) -> dict[str, Any]:
@@ -115,7 +128,7 @@ async def retrieve_model(
     return await run_read(session, lambda: service.get_model(session, principal, model))
 
 
-@router.post(
+@_generation(
     "/chat/completions",
     operation_id="createChatCompletion",
     response_model=ChatCompletion,
@@ -132,7 +145,7 @@ async def chat_completions(
     return await _relay(request, settings, principal, "/v1/chat/completions", body)
 
 
-@router.post(
+@_generation(
     "/completions",
     operation_id="createCompletion",
     response_model=Completion,

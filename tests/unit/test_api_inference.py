@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+import fastapi.routing as fastapi_routing
 import openai
 import pytest
 from openai_standin import TOKEN, Standin, serve_standin
@@ -24,6 +25,8 @@ from test_api_support import BOOTSTRAP, RESPONSE_SENT, Api
 from jobcore.db.models import Checkpoint, ServingHost, utcnow
 from server.inference import names, plans
 from server.inference.hosts import LiveHost, order_for
+from server.inference.route import GenerationRoute
+from server.inference.router import router as inference_router
 
 
 @pytest.fixture(scope="module")
@@ -350,3 +353,67 @@ def test_a_model_in_steady_use_is_reloaded_after_its_response_and_a_dropped_one_
     assert len(host.state.requests) == sent + 1
     _assert_unknown(_chat(api, model))
     assert len(host.state.requests) == sent + 1
+
+
+def test_generation_takes_its_short_way_and_answers_as_fastapi_did(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`GenerationRoute` (server/inference/route.py) serves a well-formed request without
+    FastAPI's dependency solver, and answers every request as FastAPI's own handler does (which it
+    takes while a dependency override is set): the same status, envelope and rate-limit headers,
+    the token checked before the body and counted once per request."""
+    generation = {r.path for r in inference_router.routes if isinstance(r, GenerationRoute)}
+    assert generation == {"/v1/chat/completions", "/v1/completions"}
+    owner = api.token("gen")
+    job = api.submit(headers=owner)
+    api.force_status(job["id"], "succeeded")
+    api.add_checkpoint(job["id"], 1)
+    model = f"{job['id']}:ckpt-1"
+    solved: list[str] = []
+    solve = fastapi_routing.solve_dependencies
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        solved.append(kwargs["request"].url.path)
+        return await solve(*args, **kwargs)
+
+    monkeypatch.setattr(fastapi_routing, "solve_dependencies", counted)
+
+    def answers(limited: dict[str, str]) -> list[tuple[Any, ...]]:
+        json_type = {"content-type": "application/json"}
+        chat = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+        requests: list[tuple[str, dict[str, Any]]] = [
+            ("/v1/completions", {"json": {"model": model, "prompt": "x"}, "headers": limited}),
+            ("/v1/completions", {"json": {"model": model, "prompt": "x", "n": 0}, "headers": limited}),
+            ("/v1/completions", {"json": {"model": "no-such-model", "prompt": "x"}, "headers": limited}),
+            ("/v1/completions", {"json": {"model": model, "prompt": "x"}, "headers": limited}),  # over
+            ("/v1/chat/completions", {"json": chat}),
+            ("/v1/chat/completions", {"json": {**chat, "twinkle": {}}}),
+            ("/v1/completions", {"content": b"{not json", "headers": {**owner, **json_type}}),
+            ("/v1/completions", {"content": b'{"model": "m", "prompt": "x"}'}),  # no content type
+            ("/v1/completions", {"json": {"model": model, "prompt": "x"}, "headers": {}}),  # no token
+            ("/v1/completions", {"json": {"model": model}, "headers": {}}),  # no token, a bad body
+        ]
+        out = []
+        for path, request in requests:
+            request.setdefault("headers", owner)
+            response = api.client.post(path, **request)
+            headers = {
+                k: v for k, v in response.headers.items() if k.startswith("x-ratelimit") or k == "retry-after"
+            }
+            out.append((path, response.status_code, response.json(), headers))
+        return out
+
+    short = answers(api.token("gen", rate_limit_per_minute=3))
+    assert [status for _, status, _, _ in short] == [503, 422, 404, 429, 503, 422, 422, 422, 401, 401]
+    assert [h.get("x-ratelimit-remaining") for _, _, _, h in short[:4]] == ["2", "1", "0", "0"]
+    # FastAPI's solver ran for the bodies that do not validate, and only for them: `n: 0`, the
+    # one without a content type, and the one without a token (the token is refused inside the
+    # solver). The malformed JSON fails before it; the reserved key is refused by the endpoint.
+    assert solved == ["/v1/completions"] * 3, solved
+
+    api.app.dependency_overrides[lambda: None] = lambda: None  # FastAPI's handler for everything
+    try:
+        fastapi_way = answers(api.token("gen", rate_limit_per_minute=3))
+    finally:
+        api.app.dependency_overrides.clear()
+    assert short == fastapi_way
