@@ -80,12 +80,17 @@ def statements(api: Api, threads: list[str] | None = None) -> Iterator[list[str]
             event.remove(engine, "before_cursor_execute", record)
 
 
-def test_a_token_revoked_elsewhere_stops_working_within_the_cache_ttl(api: Api) -> None:
+def _token_on_a_clock(api: Api) -> tuple[dict[str, str], list[float]]:
+    """A token, used once (so cached), and the clock of the cache, which the test moves."""
     headers = api.token("p1")
-    cache = _cache(api)
     now = [1000.0]
-    cache.clock = lambda: now[0]
+    _cache(api).clock = lambda: now[0]
     assert api.client.get("/v1/jobs", headers=headers).status_code == 200
+    return headers, now
+
+
+def test_a_token_revoked_elsewhere_stops_working_within_the_cache_ttl(api: Api) -> None:
+    headers, now = _token_on_a_clock(api)
     _revoke_elsewhere(api, _plain(headers))
     # The documented bound: this process may still accept it until the entry expires ...
     now[0] += TTL_SECONDS - 0.1
@@ -100,39 +105,28 @@ def _token_reads(seen: list[str]) -> list[int]:
 
 
 def test_a_token_in_steady_use_is_reloaded_after_its_response_and_never_expires(api: Api) -> None:
-    headers = api.token("p1")
-    cache = _cache(api)
-    now = [1000.0]
-    cache.clock = lambda: now[0]
-    assert api.client.get("/v1/jobs", headers=headers).status_code == 200  # the miss: read, kept
-    # In the first half of its life the entry is only used.
-    now[0] += 0.4 * TTL_SECONDS
-    with statements(api) as seen:
-        assert api.client.get("/v1/jobs", headers=headers).status_code == 200
-    assert _token_reads(seen) == []
-    # Past it, one request reloads the token, after its whole response has gone out.
-    now[0] += 0.2 * TTL_SECONDS
-    with statements(api) as seen, api.response_ends(seen):
-        assert api.client.get("/v1/jobs", headers=headers).status_code == 200
-    reads_at = _token_reads(seen)
-    assert len(reads_at) == 1 and reads_at[0] > seen.index(RESPONSE_SENT), seen
-    # Once per half-life: the next request only uses the reloaded entry ...
-    with statements(api) as seen:
-        assert api.client.get("/v1/jobs", headers=headers).status_code == 200
-    assert _token_reads(seen) == []
-    # ... which lives on past the first entry's expiry: steady use never waits for the row.
-    now[0] += 0.7 * TTL_SECONDS
-    with statements(api) as seen, api.response_ends(seen):
-        assert api.client.get("/v1/jobs", headers=headers).status_code == 200
-    assert _token_reads(seen)[0] > seen.index(RESPONSE_SENT)
+    headers, now = _token_on_a_clock(api)
+
+    def use(after_ttls: float) -> tuple[list[int], int]:
+        """One read `after_ttls` TTLs later: where the token's SELECTs came among its statements,
+        and where its response ended."""
+        now[0] += after_ttls * TTL_SECONDS
+        with statements(api) as seen, api.response_ends(seen):
+            assert api.client.get("/v1/jobs", headers=headers).status_code == 200
+        return _token_reads(seen), seen.index(RESPONSE_SENT)
+
+    assert use(0.4)[0] == []  # in the first half of its life the entry is only used
+    # Past it, one request reloads the token, after its whole response has gone out ...
+    reads, ended = use(0.2)
+    assert len(reads) == 1 and reads[0] > ended
+    assert use(0)[0] == []  # ... once per half-life
+    # The reloaded entry lives on past the first one's expiry: steady use never waits for the row.
+    reads, ended = use(0.7)
+    assert len(reads) == 1 and reads[0] > ended
 
 
 def test_a_reload_that_finds_the_token_revoked_ends_it_before_the_ttl(api: Api) -> None:
-    headers = api.token("p1")
-    cache = _cache(api)
-    now = [1000.0]
-    cache.clock = lambda: now[0]
-    assert api.client.get("/v1/jobs", headers=headers).status_code == 200
+    headers, now = _token_on_a_clock(api)
     _revoke_elsewhere(api, _plain(headers))
     now[0] += 0.6 * TTL_SECONDS
     # Still within the TTL, this request is served from the cache; its reload finds the token
