@@ -13,7 +13,9 @@ which answers exactly as it did: its errors, and its order of checks (the token 
 unchanged, and the token is checked once per request either way, since it is checked here only
 after the body validated. What FastAPI derives from the endpoint (the OpenAPI operation) is its
 own. A change to the endpoint's signature that this route would not honour fails at start-up;
-with dependency overrides in place (tests) every request takes FastAPI's way.
+with dependency overrides in place (tests) every request takes FastAPI's way. Dependencies given
+where the router is included would not run on the short way: the app includes it without any
+(server/app.py); a check that a request needs goes on the endpoint, where it fails the start.
 """
 
 from __future__ import annotations
