@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import select
 
@@ -375,6 +376,25 @@ def receiver() -> Iterator[str]:
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}/hook"
     server.shutdown()
+
+
+def test_a_webhook_pass_builds_an_http_client_only_when_something_is_due(
+    settings: Settings, project: str, receiver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[httpx.Client] = []
+    real_client = httpx.Client
+
+    def counted_client(*args: Any, **kwargs: Any) -> httpx.Client:
+        built.append(real_client(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(webhooks.httpx, "Client", counted_client)
+    url = settings.resolved_database_url
+    assert webhooks.deliver_due(url) == 0 and built == []  # idle: no CA bundle loaded
+    job_id = add_job(settings, project, status="running", worker_id="w", attempt=1, webhook_url=receiver)
+    with session_scope(url) as session:
+        finish(session, session.get_one(Job, job_id), settings.jobs_dir / job_id, "succeeded", message="")  # type: ignore[arg-type]
+    assert webhooks.deliver_due(url) == 1 and len(built) == 1
 
 
 def test_terminal_job_webhook_is_signed_retried_and_recorded(
