@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +30,9 @@ from jobcore.db import migrate
 from jobcore.db.models import Base, Checkpoint, Job, JobEvent, JobMetric, utcnow
 from jobcore.settings import Settings
 from server.app import create_app
+from server.auth.cache import cache_for
 from server.auth.service import create_token, set_project_limits
+from server.inference import plans
 from server.progress.stream import StreamTiming
 
 __all__ = [
@@ -245,5 +248,12 @@ def api(api_db_url: str, tmp_path: Path) -> Iterator[Api]:
     dispatched: list[str] = []
     app = create_app(settings, dispatch=dispatched.append)
     app.state.stream_timing = StreamTiming(poll_seconds=0.02, keepalive_seconds=0.1)
+    # The caches' clocks stand still unless a test moves them: on a slow machine an entry must
+    # not expire, or be reloaded after a response (server/common/ttl_cache.py), in the middle of
+    # a test that counts statements.
+    engine = app.state.engine
+    still = time.monotonic()
+    for cache in (cache_for(engine), plans.model_cache(engine), plans.host_cache(engine)):
+        cache.clock = lambda: still
     with TestClient(app) as client:
         yield Api(app=app, client=client, settings=settings, dispatched=dispatched)
