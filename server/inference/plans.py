@@ -64,19 +64,33 @@ def load(session: Session, engine: Engine, settings: Settings, principal: Princi
     """The plan, reading from the database what the caches lack and keeping what it read.
 
     Raises `NotFound` naming `model` when it resolves to nothing the project can call."""
-    models, live_hosts = model_cache(engine), host_cache(engine)
-    key = _model_key(principal, model)
-    served = models.get(key)
+    served = model_cache(engine).get(_model_key(principal, model))
     if served is None:
-        generation = models.generation  # read before the row: a deletion meanwhile refuses the put
-        served = service.resolve(session, principal, model)
-        models.put(key, served, generation)
-    live = live_hosts.get(_HOSTS_KEY)
+        served = _read_model(session, engine, principal, model)
+    live = host_cache(engine).get(_HOSTS_KEY)
     if live is None:
-        live = hosts.live_hosts(session, settings)
-        if live:
-            live_hosts.put(_HOSTS_KEY, live, live_hosts.generation)
+        live = _read_hosts(session, engine, settings)
     return served, live
+
+
+def _read_model(session: Session, engine: Engine, principal: Principal, model: str) -> service.ServedModel:
+    """Resolve `model` in SQL and keep it (raises `NotFound`, keeping nothing)."""
+    models = model_cache(engine)
+    generation = models.generation  # read before the row: a deletion meanwhile refuses the put
+    served = service.resolve(session, principal, model)
+    models.put(_model_key(principal, model), served, generation)
+    return served
+
+
+def _read_hosts(session: Session, engine: Engine, settings: Settings) -> list[hosts.LiveHost]:
+    """The live hosts from SQL, kept unless there are none (an empty list is never kept)."""
+    live_hosts = host_cache(engine)
+    live = hosts.live_hosts(session, settings)
+    if live:
+        live_hosts.put(_HOSTS_KEY, live, live_hosts.generation)
+    else:
+        live_hosts.discard(_HOSTS_KEY)
+    return live
 
 
 @dataclass(frozen=True)
@@ -106,19 +120,12 @@ def refresh(
     and an empty host list leave the cache, so the next request reads the database and answers
     as it would have (404 naming `model`, 503)."""
     if due.model:
-        models, key = model_cache(engine), _model_key(principal, model)
-        generation = models.generation
         try:
-            models.put(key, service.resolve(session, principal, model), generation)
+            _read_model(session, engine, principal, model)
         except NotFound:
-            models.discard(key)
+            model_cache(engine).discard(_model_key(principal, model))
     if due.hosts:
-        live_hosts = host_cache(engine)
-        live = hosts.live_hosts(session, settings)
-        if live:
-            live_hosts.put(_HOSTS_KEY, live, live_hosts.generation)
-        else:
-            live_hosts.discard(_HOSTS_KEY)
+        _read_hosts(session, engine, settings)
 
 
 def forget_models(session: Session) -> None:
