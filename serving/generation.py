@@ -1,11 +1,13 @@
 """Generation with transformers: `model.generate` in a thread, its tokens streamed as text.
 
 Plain `generate` does the decoding (greedy, KV cache, the model's own kernels), so serving runs
-at its speed; the request's knobs are a logits processor (`SeededSampler`: temperature, top_p and
-the seed) and a stopping criterion (`ChoiceTracker`), which sees every new token of every choice
-the moment it exists: it turns tokens into text, ends a choice at EOS, at a stop sequence or at
-max_tokens, hands the text to the event loop, and ends the whole generation when the request is
-cancelled (a client that went away), so that its slot frees within one token.
+at its speed; only the first token comes from a forward pass of the host's own, which spares it
+generate's set-up (first_token.py), and generate goes on from that pass's cache. The request's
+knobs are a logits processor (`SeededSampler`: temperature, top_p and the seed) and a stopping
+criterion (`ChoiceTracker`), which sees every new token of every choice the moment it exists: it
+turns tokens into text, ends a choice at EOS, at a stop sequence or at max_tokens, hands the text
+to the event loop, and ends the whole generation when the request is cancelled (a client that
+went away), so that its slot frees within one token.
 
 `n` choices of a prompt are one batch of n copies; the prompts of a completions request are
 generated one after the other.
@@ -29,6 +31,7 @@ from typing import Any
 
 import torch
 
+from serving.first_token import NO_FIRST_STEP, FirstStep, prefill
 from serving.loading import LoadedModel, estimate_bytes, load_with_transformers
 from serving.placement import DevicePlacer, visible_devices
 from serving.sampling import ChoiceText, Delta, SamplingParams, SeededSampler, make_generator
@@ -168,6 +171,8 @@ class TransformersBackend:
     def __init__(self, devices: list[torch.device] | None = None) -> None:
         # Every GPU the host leased (serving/placement.py puts each model on one, or spreads it).
         self.placer = DevicePlacer.for_devices(devices or visible_devices())
+        # Per loaded model (by key): whether the host takes its first step (first_token.py).
+        self._first_steps: dict[str, FirstStep] = {}
 
     def default_memory_bytes(self) -> int:
         return sum(self.placer.capacity.values())
@@ -183,10 +188,15 @@ class TransformersBackend:
             self.placer.removed(target.key)
             raise
         self.placer.placed(target.key, loaded.model)
+        first_step = FirstStep.of(loaded.model)
+        if not first_step.own:
+            log.info("%s: generate takes every step (%s)", target.key, first_step.reason)
+        self._first_steps[target.key] = first_step
         return loaded
 
     def release(self, loaded: LoadedModel) -> None:
         loaded.model = None
+        self._first_steps.pop(loaded.key, None)
         self.placer.removed(loaded.key)
         if any(device.type == "cuda" for device in self.placer.devices):
             torch.cuda.empty_cache()
@@ -196,8 +206,11 @@ class TransformersBackend:
     ) -> ThreadedGeneration:
         generation = ThreadedGeneration(asyncio.get_running_loop())
         model, tokenizer = loaded.model, loaded.tokenizer
+        first_step = self._first_steps.get(loaded.key, NO_FIRST_STEP)
         thread = threading.Thread(
-            target=self._run, args=(model, tokenizer, prompts, params, generation), daemon=True
+            target=self._run,
+            args=(model, tokenizer, prompts, params, generation, first_step),
+            daemon=True,
         )
         thread.start()
         return generation
@@ -209,6 +222,7 @@ class TransformersBackend:
         prompts: list[list[int]],
         params: SamplingParams,
         generation: ThreadedGeneration,
+        first_step: FirstStep,
     ) -> None:
         try:
             with torch.inference_mode():
@@ -221,7 +235,7 @@ class TransformersBackend:
                     if generation.cancelled.is_set():
                         break
                     tracker = ChoiceTracker(tokenizer, params, eos, number * params.n, generation)
-                    self._generate(model, device, prompt, params, generator, tracker)
+                    self._generate(model, device, prompt, params, generator, tracker, first_step)
                     if not generation.cancelled.is_set():
                         tracker.finish_open_choices()
             generation.emit(_END)
@@ -239,6 +253,7 @@ class TransformersBackend:
         params: SamplingParams,
         generator: torch.Generator,
         tracker: ChoiceTracker,
+        first_step: FirstStep,
     ) -> None:
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
@@ -256,9 +271,19 @@ class TransformersBackend:
             eos_token_id=sorted(tracker.eos_ids),
             pad_token_id=pad if pad is not None else 0,
         )
+        cached: dict[str, Any] = {}
+        if first_step.own:
+            first = prefill(model, first_step, input_ids, processors)
+            if bool(tracker(first.input_ids, first.scores).all()):
+                return  # every choice ended at its first token (EOS, a stop, max_tokens 1)
+            input_ids = first.input_ids
+            if first.cache is not None:
+                cached[str(first_step.cache_argument)] = first.cache
+            config.max_new_tokens = params.max_tokens - 1
         model.generate(
             input_ids,
             attention_mask=torch.ones_like(input_ids),
+            **cached,
             generation_config=config,
             logits_processor=processors,
             stopping_criteria=StoppingCriteriaList([tracker]),
