@@ -1,7 +1,8 @@
-"""The serving host's own first step (serving/first_token.py): the answers are token for token
-those of `generate` taking every step (greedy and seeded, n choices, stop at the first token),
-`generate` goes on from the first pass's cache, and a model whose generation config would change
-the first step, or whose forward pass cannot keep only the last logits, is left to `generate`."""
+"""The transformers backend's way to an answer's first token. Its own first step
+(serving/first_token.py): the answers are token for token those of `generate` taking every step
+(greedy and seeded, n choices, stop at the first token), `generate` goes on from the first
+pass's cache, and a model whose generation config would change the first step, or whose forward
+pass cannot keep only the last logits, is left to `generate`. Its threads: kept between answers."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import torch
 
 from serving.first_token import NO_FIRST_STEP, FirstStep
 from serving.generation import ThreadedGeneration, TransformersBackend
+from serving.loading import LoadedModel
 from serving.sampling import SamplingParams
+from serving.targets import Target
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +149,33 @@ def test_a_forward_pass_without_logits_to_keep_leaves_it_to_generate() -> None:
 
     step = FirstStep.of(Plain())
     assert not step.own and "logits_to_keep" in step.reason
+
+
+def test_answers_one_after_another_run_on_one_kept_thread(
+    tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizer = tiny
+    backend = TransformersBackend()
+    threads: list[int] = []
+    run = backend._run
+
+    def recording_run(*args: Any) -> None:
+        threads.append(threading.get_ident())
+        run(*args)
+
+    monkeypatch.setattr(backend, "_run", recording_run)
+    target = Target(key="tiny", checkpoint=Path("/unused"), base_model=None, model="tiny")
+    loaded = LoadedModel(target=target, tokenizer=tokenizer, context_length=512, bytes=0, model=model)
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+
+    async def two_answers() -> None:
+        for _ in range(2):
+            generation = backend.start(loaded, [tokenizer("the cat")["input_ids"]], params)
+            assert [delta.text async for delta in generation]
+            await generation.finished
+            # The thread is back in the pool microseconds after it resolved `finished`; a new
+            # request that came sooner would rightly get a thread of its own.
+            await asyncio.sleep(0.5)
+
+    asyncio.run(two_answers())
+    assert len(threads) == 2 and threads[0] == threads[1] != threading.get_ident()
