@@ -47,6 +47,20 @@ from server.projects.router import projects_router, tokens_router
 log = logging.getLogger(__name__)
 
 API_VERSION = "1.0.0"
+# The API document's sections, in reading order (not the routers' matching order below).
+OPENAPI_TAGS = (
+    "jobs",
+    "progress",
+    "checkpoints",
+    "exports",
+    "artifacts",
+    "files",
+    "cluster",
+    "openai-compatible",
+    "inference",
+    "projects",
+    "tokens",
+)
 # Multipart uploads; every other request body is JSON and held to TWINKLE_MAX_REQUEST_BYTES.
 UPLOAD_PATHS = ("/v1/files",)
 DESCRIPTION = """Submit, watch and control fine-tuning jobs.
@@ -145,6 +159,7 @@ def create_app(settings: Settings | None = None, dispatch: Callable[[str], None]
         description=DESCRIPTION,
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
+        openapi_tags=[{"name": tag} for tag in OPENAPI_TAGS],
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -164,7 +179,12 @@ def create_app(settings: Settings | None = None, dispatch: Callable[[str], None]
     app.add_middleware(RateLimitHeadersMiddleware)
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limits(settings))
     app.add_middleware(RequestContextMiddleware, latency=app.state.latency)
+    # The inference router first: the router tries routes in order, and the generation
+    # endpoints are the ones whose every request waits for it (12 routers scanned before them
+    # cost ~0.2 ms of the way to the first token, bench's relay A/B). OPENAPI_TAGS keeps the
+    # document's sections in their reading order.
     routers = (
+        inference_router,
         jobs_router,
         progress_router,
         checkpoints_router,
@@ -173,7 +193,6 @@ def create_app(settings: Settings | None = None, dispatch: Callable[[str], None]
         files_router,
         cluster_router,
         openai_router,
-        inference_router,
         projects_router,
         tokens_router,
     )

@@ -19,6 +19,7 @@ import openai
 import pytest
 from openai_standin import TOKEN, Standin, serve_standin
 from sqlalchemy import event
+from starlette.routing import Match
 from test_api_support import *  # noqa: F403
 from test_api_support import BOOTSTRAP, RESPONSE_SENT, Api
 
@@ -417,3 +418,33 @@ def test_generation_takes_its_short_way_and_answers_as_fastapi_did(
     finally:
         api.app.dependency_overrides.clear()
     assert short == fastapi_way
+
+
+def test_the_generation_endpoints_are_tried_before_the_other_routers(api: Api) -> None:
+    # The router tries routes in order and every generation request waits for its scan
+    # (server/app.py); the document keeps its sections in reading order all the same.
+    def position(path: str, method: str) -> int:
+        scope = {
+            "type": "http",
+            "path": path,
+            "method": method,
+            "root_path": "",
+            "headers": [],
+            "app": api.app,
+        }
+        for index, route in enumerate(api.app.router.routes):
+            if route.matches(scope)[0] == Match.FULL:
+                return index
+        raise AssertionError(f"no route for {method} {path}")
+
+    others = [
+        ("/v1/jobs", "GET"),
+        ("/v1/files", "GET"),
+        ("/v1/projects", "GET"),
+        ("/v1/fine_tuning/jobs", "GET"),
+    ]
+    first_other = min(position(path, method) for path, method in others)
+    assert position("/v1/completions", "POST") < first_other
+    assert position("/v1/chat/completions", "POST") < first_other
+    tags = [tag["name"] for tag in api.app.openapi()["tags"]]
+    assert tags.index("jobs") == 0 and tags.index("inference") > tags.index("files")
