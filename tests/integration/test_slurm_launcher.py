@@ -292,18 +292,44 @@ def test_a_preempted_job_is_requeued_by_slurm_and_resumes_from_its_checkpoint(
     assert queued(job_id) == []
 
 
+def run_processes(slurm_id: str) -> list[int]:
+    """The processes of a Slurm job's run: its step daemons (`slurmstepd: [<id>.0]`, whose
+    titles name the job) and whatever has the job's id in its environment (its batch script,
+    srun, torchrun, the ranks). The test cluster's nodes all live on this machine."""
+    marker = f"\0SLURM_JOB_ID={slurm_id}\0".encode()
+    title = f"slurmstepd: [{slurm_id}.".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ours = (entry / "cmdline").read_bytes().startswith(title)
+                ours = ours or marker in b"\0" + (entry / "environ").read_bytes()
+            except OSError:  # ended meanwhile, or not ours to read
+                continue
+            if ours:
+                found.append(int(entry.name))
+    return found
+
+
 def start_requeued_now(slurm_id: str, timeout: float = 120) -> None:
     """Slurm holds a requeued job for 120 s (its begin time) before it may start again; a test
     cannot wait that long. The hold is set once the requeue has finished, which on a loaded machine
     can be after the test saw REQUEUED, and a `StartTime=now` sent before then is overwritten: so
-    lift it whenever the job waits for its begin time, until it has left the queue."""
+    lift it whenever the job waits for its begin time, until it has left the queue.
+
+    Only once the interrupted run's processes are gone, though. On the node set DOWN (here only
+    in name) its step daemon outlives the requeue for a few seconds, and a new run started meanwhile
+    gets a step of the same name (`<id>.0`: step ids start again at 0): the old daemon, ending,
+    unlinks the new one's socket, and the new run died with 137 (the worker then rightly counted
+    an attempt of its own). Slurm's own 120 s hold never lets the runs meet."""
     deadline = time.monotonic() + timeout
     while True:
         shown = slurm("scontrol", "show", "job", "-o", slurm_id)
         state, reason = re.search(r"JobState=(\S+)", shown), re.search(r"Reason=(\S+)", shown)
         if state and state[1] in ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             return
-        if state and state[1] == "PENDING" and reason and reason[1] == "BeginTime":
+        held = state and state[1] == "PENDING" and reason and reason[1] == "BeginTime"
+        if held and not run_processes(slurm_id):
             # Not checked: the job may move on between the two commands; the next round sees it.
             subprocess.run(["scontrol", "update", f"JobId={slurm_id}", "StartTime=now"], capture_output=True)
         assert time.monotonic() < deadline, shown
