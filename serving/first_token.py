@@ -106,11 +106,12 @@ NO_FIRST_STEP = FirstStep(None, "not known")
 @dataclass
 class Prefilled:
     """The prompt with its first new token appended, the scores that chose it, and the cache
-    holding the prompt's keys and values (`generate`'s cache argument for the rest)."""
+    holding the prompt's keys and values as `generate`'s keyword argument for the rest (empty
+    when the model returned none: generate then reads the prompt again)."""
 
     input_ids: torch.Tensor
     scores: torch.Tensor
-    cache: Any
+    cache: dict[str, Any]
 
 
 def prefill(
@@ -130,4 +131,5 @@ def prefill(
     scores = processors(input_ids, last)
     chosen = scores.argmax(dim=-1)
     cache = output.get(step.cache_argument)  # a ModelOutput: a dict of what the model returned
-    return Prefilled(torch.cat([input_ids, chosen[:, None]], dim=-1), scores, cache)
+    given = {} if cache is None else {step.cache_argument: cache}
+    return Prefilled(torch.cat([input_ids, chosen[:, None]], dim=-1), scores, given)

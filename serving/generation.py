@@ -285,9 +285,7 @@ class TransformersBackend:
             first = prefill(model, first_step, input_ids, processors)
             if bool(tracker(first.input_ids, first.scores).all()):
                 return  # every choice ended at its first token (EOS, a stop, max_tokens 1)
-            input_ids = first.input_ids
-            if first.cache is not None:
-                cached[str(first_step.cache_argument)] = first.cache
+            input_ids, cached = first.input_ids, first.cache
             config.max_new_tokens = params.max_tokens - 1
         model.generate(
             input_ids,
