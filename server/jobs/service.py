@@ -182,21 +182,41 @@ def _target(job: Job, action: JobAction) -> JobStatus:
     return target
 
 
+# How many times a pause or cancel is decided again when a worker moved the job between the
+# request's read and its write (queued -> starting, starting -> running). Each try reads the status
+# that beat it, and the worker moves a job a few steps at most, so three is plenty; a job still
+# moving after that gets the 409 naming where it is.
+ACTION_TRIES = 3
+
+
 def cancel_job(session: Session, principal: Principal, job_id: str) -> Job:
-    job = get_job(session, principal, job_id)
-    if already_requested(job.status, JobAction.CANCEL):
-        return job
     # Nothing runs yet (or any more): cancelled at once. Otherwise the worker stops the processes.
-    target = _target(job, JobAction.CANCEL)
-    return transition(session, job, target, action="cancel", message="cancel requested")
+    return _ask(session, get_job(session, principal, job_id), JobAction.CANCEL)
 
 
 def pause_job(session: Session, principal: Principal, job_id: str) -> Job:
-    job = get_job(session, principal, job_id)
-    if already_requested(job.status, JobAction.PAUSE):
-        return job
-    target = _target(job, JobAction.PAUSE)
-    return transition(session, job, target, action="pause", message="pause requested")
+    return _ask(session, get_job(session, principal, job_id), JobAction.PAUSE)
+
+
+def _ask(session: Session, job: Job, action: JobAction) -> Job:
+    """Apply a pause or cancel to the job's status as the database has it when the write lands.
+
+    A worker's own step in between (a Slurm job seen running, a claim) changes which status the
+    action moves the job to, not whether the user may ask: starting and running both accept a
+    cancel, so a cancel sent while the worker marks the run started must not answer 409.
+    """
+    tries_left = ACTION_TRIES
+    while True:
+        if already_requested(job.status, action):
+            return job
+        target = _target(job, action)  # the 409 when the status found no longer takes the action
+        try:
+            return transition(session, job, target, action=action.value, message=f"{action.value} requested")
+        except InvalidTransition:
+            tries_left -= 1
+            if not tries_left:
+                raise
+            # `transition` read the job again: decide from the status that beat this request.
 
 
 def resume_job(

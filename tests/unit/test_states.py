@@ -138,6 +138,72 @@ def test_every_action_from_every_state_through_the_api(api: Api, action: str, ou
                 assert session.get(Job, job_id).status == status.value  # type: ignore[union-attr]
 
 
+# (status the request reads, status a worker writes before the request's write, action, the answer's
+# status or its 409's status)
+RACES = [
+    ("starting", "running", "cancel", "cancelling"),  # the worker saw the run start: a CI failure
+    ("starting", "running", "pause", "pausing"),
+    ("queued", "starting", "cancel", "cancelling"),  # claimed meanwhile: now the worker stops it
+    ("queued", "starting", "pause", "pausing"),
+    ("running", "cancelling", "cancel", "cancelling"),  # another cancel won: the same answer
+    ("running", "succeeded", "cancel", "409 succeeded"),  # finished meanwhile: nothing to stop
+]
+
+
+def _worker_moves_first(api: Api, monkeypatch: pytest.MonkeyPatch, job_id: str, moves: list[str]) -> None:
+    """Before each of the services' status writes, commit the next of `moves` from another session."""
+    from server.jobs import service
+
+    def worker_first(session: Any, job: Job, *args: Any, **kwargs: Any) -> Job:
+        if moves:
+            api.force_status(job_id, moves.pop(0))
+        return transition(session, job, *args, **kwargs)
+
+    monkeypatch.setattr(service, "transition", worker_first)
+
+
+@pytest.mark.parametrize(("read", "move", "action", "outcome"), RACES)
+def test_a_worker_moving_the_job_during_a_pause_or_cancel_changes_the_outcome_not_the_answer(
+    api: Api, monkeypatch: pytest.MonkeyPatch, read: str, move: str, action: str, outcome: str
+) -> None:
+    job_id = api.submit()["id"]
+    api.force_status(job_id, read)
+    moves = [move]
+    _worker_moves_first(api, monkeypatch, job_id, moves)
+    response = api.client.post(f"/v1/jobs/{job_id}/{action}", headers=api.admin)
+    assert moves == []  # the worker's write did land between the request's read and its write
+    with api.session() as session:
+        stored = session.get_one(Job, job_id).status
+        events = session.scalars(select(JobEvent.message).where(JobEvent.job_id == job_id)).all()
+    if outcome.startswith("409 "):
+        assert response.status_code == 409, response.text
+        assert f"is '{move}'" in response.json()["error"]["message"] and stored == move
+        assert f"{action} requested" not in events
+    else:
+        assert response.status_code == 200, response.text
+        assert response.json()["status"] == outcome == stored
+        assert events.count(f"{action} requested") == (0 if move == outcome else 1)
+
+
+# On SQLite the request's first write, even one that matched no row, takes the database's write
+# lock, so no worker can move the job again before the request's next try: only PostgreSQL can.
+@pytest.mark.parametrize("api_db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
+def test_a_job_that_keeps_moving_gets_a_409_after_a_few_tries(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from server.jobs.service import ACTION_TRIES
+
+    job_id = api.submit()["id"]
+    api.force_status(job_id, "starting")
+    moves = (["running", "pausing"] * ACTION_TRIES)[:ACTION_TRIES]  # each one takes a cancel
+    last = moves[-1]
+    _worker_moves_first(api, monkeypatch, job_id, moves)
+    response = api.client.post(f"/v1/jobs/{job_id}/cancel", headers=api.admin)
+    assert moves == []  # one move before each try, and no try after the last
+    assert response.status_code == 409, response.text
+    assert response.json()["error"]["message"] == f"cannot cancel: the job is '{last}'"
+
+
 def test_delete_only_finished_jobs(api: Api) -> None:
     for status in ALL:
         job_id = api.submit()["id"]
