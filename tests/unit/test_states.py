@@ -151,7 +151,7 @@ RACES = [
 
 
 def _worker_moves_first(api: Api, monkeypatch: pytest.MonkeyPatch, job_id: str, moves: list[str]) -> None:
-    """Before each of the services' status writes, commit the next of `moves` from another session."""
+    """Before each of the service's status writes, commit the next of `moves` from another session."""
     from server.jobs import service
 
     def worker_first(session: Any, job: Job, *args: Any, **kwargs: Any) -> Job:
@@ -199,7 +199,7 @@ def test_a_job_that_keeps_moving_gets_a_409_after_a_few_tries(
     last = moves[-1]
     _worker_moves_first(api, monkeypatch, job_id, moves)
     response = api.client.post(f"/v1/jobs/{job_id}/cancel", headers=api.admin)
-    assert moves == []  # one move before each try, and no try after the last
+    assert moves == []  # a move before each try (a fourth try would have answered 200)
     assert response.status_code == 409, response.text
     assert response.json()["error"]["message"] == f"cannot cancel: the job is '{last}'"
 
