@@ -30,7 +30,12 @@ All three read the same greedy answer (EOS ignored) through `http.client` or the
 gap of idle seconds, a one-token request to the API and one to the host, back to back, in
 alternating order; per gap, the median of (API - host) with each one first. A request that
 follows an idle moment is slower whichever path it takes, so the two orders differ by that, and
-their mean is the relay's own cost.
+their mean is the relay's own cost. `--idle-tokens 64` makes the probe's answers as long as the
+rounds' (the relay's cost while the host goes on decoding behind the first token).
+
+`cpu_ms_per_request` is the CPU time (user + system) of the API server and of each host over the
+timed rounds, per request: what the relay costs as work, which the machine's state moves far
+less than it moves a latency.
 """
 
 from __future__ import annotations
@@ -120,6 +125,18 @@ def idle_probe(
     return result
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process and its children so far."""
+    import psutil
+
+    process = psutil.Process(pid)
+    total = 0.0
+    for one in [process, *process.children(recursive=True)]:
+        times = one.cpu_times()
+        total += times.user + times.system
+    return total
+
+
 def _gaps(text: str) -> list[float]:
     return [float(part) for part in text.split(",") if part.strip()]
 
@@ -129,6 +146,9 @@ def main() -> None:
     bench_serving.add_model_arguments(parser, max_tokens=64, rounds=24)
     parser.add_argument("--idle-gaps", type=_gaps, default=[], help="seconds, comma-separated (see above)")
     parser.add_argument("--idle-pairs", type=int, default=8, help="pairs per gap and order")
+    parser.add_argument(
+        "--idle-tokens", type=int, default=1, help="max_tokens of the probe's requests (see above)"
+    )
     parser.add_argument(
         "--shared-host", action="store_true", help="call the stack's own host directly (see above)"
     )
@@ -165,7 +185,7 @@ def main() -> None:
             },
         )
         with service:
-            service._spawn(["serve"], "serve.log")
+            serve = service._spawn(["serve"], "serve.log")
             common.wait_http_ok(f"http://127.0.0.1:{host_port}/healthz", 120, service.procs)
             job_id = train_one_step(service, base, dataset)
             checkpoint = data_dir / "jobs" / job_id / "checkpoints" / "step-1"
@@ -185,10 +205,24 @@ def main() -> None:
                     "host": bench_serving.http_path(direct.port, direct.secret, body),
                     "api": bench_serving.http_path(service.port, service.token, user_body),
                 }
-                runs = bench_serving.measure(paths, args.rounds, args.warmup)
+                # Each process serves one request a round; the warm-up stays out of the count.
+                watched = {"api_server": service.procs[0].pid, "stack_host": serve.pid}
+                if direct.own is not None and direct.own.proc is not None:
+                    watched["direct_host"] = direct.own.proc.pid
+                bench_serving.measure(paths, 0, args.warmup)
+                before = {name: cpu_seconds(pid) for name, pid in watched.items()}
+                runs = bench_serving.measure(paths, args.rounds, 0)
+                cpu_ms = {
+                    name: round(1000 * (cpu_seconds(pid) - before[name]) / args.rounds, 3)
+                    for name, pid in watched.items()
+                }
                 idle = idle_probe(
-                    bench_serving.http_path(service.port, service.token, {**user_body, "max_tokens": 1}),
-                    bench_serving.http_path(direct.port, direct.secret, {**body, "max_tokens": 1}),
+                    bench_serving.http_path(
+                        service.port, service.token, {**user_body, "max_tokens": args.idle_tokens}
+                    ),
+                    bench_serving.http_path(
+                        direct.port, direct.secret, {**body, "max_tokens": args.idle_tokens}
+                    ),
                     args.idle_gaps,
                     args.idle_pairs,
                 )
@@ -204,6 +238,7 @@ def main() -> None:
             "figures": {name: bench_serving.median_of(r) for name, r in runs.items()},
             "ratios": bench_serving.ratios_to_plain(runs),
             "relay_adds_ttft_ms_median": round(common.median(relay), 2),
+            "cpu_ms_per_request": cpu_ms,
             "idle_probe_api_minus_host_ms": idle,
             "target": f">= {TARGET} of plain model.generate, TTFT and tokens/s",
         },
