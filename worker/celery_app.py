@@ -12,10 +12,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
 from celery import Celery
 
 from jobcore.broker import QUEUE, WAKE_TASK, install_embedded_broker
@@ -57,11 +53,12 @@ def make_celery(settings: Settings) -> Celery:
                 "options": {"expires": max(settings.stale_after_seconds / 2, 1.0)},
             }
         },
-        # Beat's schedule file is process-local state: on the shared data dir several beats would
-        # write one shelve file at once.
-        beat_schedule_filename=str(
-            Path(tempfile.gettempdir()) / f"twinkle-beat-{settings.worker_host}-{os.getpid()}"
-        ),
+        # Beat keeps its schedule in memory, not in Celery's default shelve file: the only entry is
+        # an interval that starts over harmlessly with each beat, while a file needs a writable
+        # place of its own per beat (several beats on the shared data dir would write one file at
+        # once) and one per process is never removed: every worker started with a beat left its
+        # .dat/.dir/.bak behind in /tmp.
+        beat_scheduler="celery.beat:Scheduler",
     )
     return app
 

@@ -181,18 +181,32 @@ def test_compose_commands_exist_in_the_cli(services: dict[str, Any]) -> None:
     assert "--no-beat" in services["worker"]["command"]
 
 
-def test_beat_schedules_the_reconciler_and_keeps_its_file_writable(tmp_path: Path) -> None:
+def test_beat_schedules_the_reconciler_and_keeps_no_schedule_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # `twinkle-jobs beat` runs Celery beat with the workers' app: what it schedules is that app's.
+    from celery.beat import Service
+
     from jobcore.settings import Settings
     from worker.celery_app import RECONCILE_TASK, make_celery
 
-    app = make_celery(Settings(data_dir=tmp_path))
+    app = make_celery(Settings(data_dir=tmp_path / "data"))
     assert RECONCILE_TASK in {entry["task"] for entry in app.conf.beat_schedule.values()}
-    # The source tree (/app in the images) is read-only for the image's user: the schedule file
-    # must go to a writable place, the data dir or the temp dir.
-    schedule_dir = Path(app.conf.beat_schedule_filename).parent
-    assert not schedule_dir.is_relative_to(ROOT)
-    assert schedule_dir in (tmp_path, Path(tempfile.gettempdir()))
+    # The schedule lives in memory: Celery's default would write `celerybeat-schedule` into the
+    # working directory (the read-only source tree in the images), and a file per process was
+    # never removed. Built and closed as both beats (`celery beat`, a worker's embedded one) build
+    # it, from the app's `beat_scheduler`, the scheduler leaves no file anywhere.
+    work_dir, temp_dir = tmp_path / "cwd", tmp_path / "tmp"
+    work_dir.mkdir()
+    temp_dir.mkdir()
+    monkeypatch.chdir(work_dir)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp_dir))
+    scheduler = Service(app, scheduler_cls=app.conf.beat_scheduler).get_scheduler()
+    assert RECONCILE_TASK in {entry.task for entry in scheduler.schedule.values()}
+    scheduler.close()
+    assert list(work_dir.iterdir()) == []
+    assert list(temp_dir.iterdir()) == []
+    assert not any("beat" in p.name or "schedule" in p.name for p in (tmp_path / "data").rglob("*"))
 
 
 # --- Dockerfiles ---------------------------------------------------------------------------------------
