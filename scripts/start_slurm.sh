@@ -8,6 +8,10 @@
 # own ports), so a 2-node job gets a real 2-node allocation. Two partitions: `twinkle` (the
 # default) and `urgent`, whose jobs preempt `twinkle` jobs by requeueing them (PreemptMode
 # REQUEUE), which is how the tests preempt a job. Needs root (it writes /etc/slurm).
+#
+#   scripts/start_slurm.sh            start it (or leave a running one alone)
+#   scripts/start_slurm.sh --running  exit 0 when it already answers with idle nodes
+#   scripts/start_slurm.sh --stop     stop its daemons (slurmd, slurmctld, munged)
 set -euo pipefail
 
 NODES=(twinkle1 twinkle2)
@@ -23,7 +27,32 @@ cluster_ready() {
   [ "$idle" -eq "${#NODES[@]}" ]
 }
 
-if command -v sinfo >/dev/null && [ -f "$CONF" ] && grep -q '^ClusterName=twinkle' "$CONF" && cluster_ready; then
+is_up() {
+  command -v sinfo >/dev/null && [ -f "$CONF" ] && grep -q '^ClusterName=twinkle' "$CONF" && cluster_ready
+}
+
+stop_daemon() {  # a pid file's process: TERM, then wait for it to go (KILL after 10 s)
+  local pid
+  [ -f "$1" ] || return 0
+  pid=$(cat "$1")
+  kill "$pid" 2>/dev/null || return 0
+  for _ in $(seq 20); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+  kill -9 "$pid" 2>/dev/null || true
+}
+
+case "${1:-}" in
+  --running) is_up; exit ;;
+  --stop)
+    for node in "${NODES[@]}"; do stop_daemon "$STATE/slurmd-$node.pid"; done
+    stop_daemon "$STATE/slurmctld.pid"
+    stop_daemon /run/munge/munged.pid
+    exit 0
+    ;;
+  "") ;;
+  *) echo "usage: $0 [--running | --stop]" >&2; exit 2 ;;
+esac
+
+if is_up; then
   exit 0
 fi
 
