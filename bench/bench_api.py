@@ -243,13 +243,6 @@ async def _python_load(
     }
 
 
-def _cpu_seconds(pid: int) -> float:
-    import psutil
-
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
-
-
 def load(
     url: str,
     token: str | None,
@@ -260,7 +253,7 @@ def load(
 ) -> dict[str, Any]:
     """One load run. With `server_pid`, also the server's CPU time per request: on a shared
     machine the throughput follows the neighbours' load, the CPU a request costs much less so."""
-    cpu_before = _cpu_seconds(server_pid) if server_pid else 0.0
+    cpu_before = common.cpu_seconds(server_pid) if server_pid else 0.0
     if shutil.which("wrk"):
         result = run_wrk(url, token, paths, duration, connections)
     else:
@@ -268,7 +261,7 @@ def load(
     if server_pid:
         requests = result["requests_per_s"] * duration
         result["server_cpu_us_per_request"] = round(
-            1e6 * (_cpu_seconds(server_pid) - cpu_before) / requests, 1
+            1e6 * (common.cpu_seconds(server_pid) - cpu_before) / requests, 1
         )
     if result["non_2xx"]:
         raise RuntimeError(f"{result['non_2xx']} responses were not 2xx for {paths[0]}: the figure is void")

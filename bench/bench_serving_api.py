@@ -125,18 +125,6 @@ def idle_probe(
     return result
 
 
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of a process and its children so far."""
-    import psutil
-
-    process = psutil.Process(pid)
-    total = 0.0
-    for one in [process, *process.children(recursive=True)]:
-        times = one.cpu_times()
-        total += times.user + times.system
-    return total
-
-
 def _gaps(text: str) -> list[float]:
     return [float(part) for part in text.split(",") if part.strip()]
 
@@ -210,11 +198,15 @@ def main() -> None:
                 if direct.own is not None and direct.own.proc is not None:
                     watched["direct_host"] = direct.own.proc.pid
                 bench_serving.measure(paths, 0, args.warmup)
-                before = {name: cpu_seconds(pid) for name, pid in watched.items()}
+
+                def cpu_now() -> dict[str, float]:
+                    return {name: common.cpu_seconds(pid, children=True) for name, pid in watched.items()}
+
+                before = cpu_now()
                 runs = bench_serving.measure(paths, args.rounds, 0)
                 cpu_ms = {
-                    name: round(1000 * (cpu_seconds(pid) - before[name]) / args.rounds, 3)
-                    for name, pid in watched.items()
+                    name: round(1000 * (spent - before[name]) / args.rounds, 3)
+                    for name, spent in cpu_now().items()
                 }
                 idle = idle_probe(
                     bench_serving.http_path(

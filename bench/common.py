@@ -46,6 +46,22 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """User plus system CPU time of a process so far; with `children`, of its live descendants too
+    (one that exits meanwhile takes its time with it)."""
+    import psutil
+
+    process = psutil.Process(pid)
+    total = 0.0
+    for one in [process, *(process.children(recursive=True) if children else [])]:
+        try:
+            times = one.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
