@@ -20,6 +20,7 @@ import httpx
 import yaml
 from pydantic import ValidationError
 
+from twinkle_cli.job_view import describe_job
 from twinkle_client import APIError, TwinkleClient
 
 EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT = 1, 2, 3
@@ -293,9 +294,10 @@ def _job_action(action: str) -> Any:
 @click.pass_context
 @handle_api_errors
 def jobs_get(ctx: click.Context, job_id: str, output: str) -> None:
-    """Show a job: its status and the actions it allows now."""
+    """Show a job: what it trains, its progress and checkpoints, the model name it answers to once
+    it succeeded, its error, and the actions it allows now."""
     job = _client(ctx).jobs.get(job_id)
-    _emit(job, output, [f"{job['id']} {job['status']}", f"actions: {', '.join(job['actions']) or 'none'}"])
+    _emit(job, output, describe_job(job))
 
 
 jobs.command("cancel")(_job_action("cancel"))

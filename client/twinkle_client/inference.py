@@ -140,9 +140,9 @@ class Inference:
         return builtins.list(self._c.json("GET", "/v1/models")["data"])
 
     def job_model(self, job_id: str) -> str | None:
-        """The model name of a job's final weights (its OpenAI `fine_tuned_model`); None until
-        the job has succeeded. `checkpoint_model(job_id, step)` names any complete checkpoint."""
-        job: Json = self._c.json("GET", f"/v1/fine_tuning/jobs/{job_id}")
+        """The model name of a job's final weights (its `fine_tuned_model`); None until the job
+        has succeeded. `checkpoint_model(job_id, step)` names any complete checkpoint."""
+        job: Json = self._c.json("GET", f"/v1/jobs/{job_id}")
         model = job.get("fine_tuned_model")
         return str(model) if model else None
 

@@ -26,10 +26,11 @@ import psycopg
 from fastapi import Request, Response
 from psycopg.rows import tuple_row
 from pydantic_core import to_json
-from sqlalchemy import Connection, Engine, Select
+from sqlalchemy import Connection, Dialect, Engine, Select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.util import await_, greenlet_spawn
 from starlette.concurrency import run_in_threadpool
 
@@ -105,10 +106,25 @@ class RawStatement:
         or None for a statement that only Core can run."""
         if self._compiled is None and not self._expanding:
             compiled = self.select.compile(dialect=db.dialect)
+            assert isinstance(compiled, SQLCompiler)  # what a select compiles to
             self._expanding = bool(compiled.post_compile_params)
-            defaults = {key: value for key, value in compiled.params.items() if value is not None}
+            defaults = {
+                key: _as_driver_takes_it(compiled, db.dialect, key, value)
+                for key, value in compiled.params.items()
+                if value is not None
+            }
             self._compiled = None if self._expanding else (compiled.string, defaults)
         return self._compiled
+
+
+def _as_driver_takes_it(compiled: SQLCompiler, dialect: Dialect, key: str, value: Any) -> Any:
+    """A constant of the statement as the driver takes it: SQLAlchemy runs each bound value through
+    its type's bind processor before execution, and so must a read that skips SQLAlchemy (a JSON
+    path is a Python tuple until PostgreSQL's processor makes it the `text[]` literal `#>>` takes;
+    psycopg alone would send the tuple as a record)."""
+    bind = compiled.binds.get(key)
+    process = None if bind is None else bind.type.dialect_impl(dialect).bind_processor(dialect)
+    return value if process is None else process(value)
 
 
 async def _fetch(

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from jobcore.db.models import Checkpoint, Job
 from jobcore.jobs.states import TERMINAL, JobStatus, actions_for
+from server.inference import names
 from server.jobs import repository
 from server.jobs.schemas import JobOut
 
@@ -26,6 +27,7 @@ ETA_WINDOW = 20  # logged steps the ETA's pace is taken over
 
 _TERMINAL = frozenset(status.value for status in TERMINAL)
 _RUNNING = JobStatus.RUNNING.value  # an enum member's .value is a descriptor call, per row
+_SUCCEEDED = JobStatus.SUCCEEDED.value
 _REF_KEYS = {
     prefix: tuple((name, f"{prefix}_{name}") for name in repository.CHECKPOINT_REF_COLUMNS)
     for prefix in ("latest", "best")
@@ -58,6 +60,14 @@ def _eta_seconds(row: Row, points: list[tuple[int, datetime]] | None) -> float |
     if steps <= 0 or seconds <= 0:
         return None
     return round(seconds / steps * (row["total_steps"] - row["step"]), 1)
+
+
+def _fine_tuned_model(row: Row) -> str | None:
+    """The name the inference endpoints call the job's final weights by, once it succeeded with a
+    checkpoint left to serve (what `/v1/models` lists and the OpenAI layer's `fine_tuned_model`)."""
+    if row["status"] != _SUCCEEDED or row["latest_id"] is None:
+        return None
+    return names.fine_tuned_model_name(row["id"], row[repository.MODEL_ID] or "", row["name"])
 
 
 def _error(value: Mapping[str, Any] | None) -> dict[str, str] | None:
@@ -108,6 +118,7 @@ def present_row(
         "queue_position": queue_position,
         "latest_checkpoint": _checkpoint_ref(row, "latest"),
         "best_checkpoint": _checkpoint_ref(row, "best"),
+        "fine_tuned_model": _fine_tuned_model(row),
         "resume_from": row["resume_from"],
         "engine": None
         if engine is None
@@ -150,6 +161,8 @@ def _checkpoint_refs(session: Session, jobs: Sequence[Job]) -> dict[str, reposit
 def row_of(job: Job, refs: repository.CheckpointRefs) -> dict[str, Any]:
     """The row `repository.read_job_row` would read for `job` (spec included)."""
     row = {name: getattr(job, _JOB_ATTRIBUTES[name]) for name in (*repository.PRESENTED_JOB_COLUMNS, "spec")}
+    model = (job.spec or {}).get("model")
+    row[repository.MODEL_ID] = model.get("model_id") if isinstance(model, dict) else None
     for prefix, checkpoint in (("latest", refs.latest), ("best", refs.best)):
         for name, key in _REF_KEYS[prefix]:
             row[key] = None if checkpoint is None else getattr(checkpoint, name)

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Table,
     and_,
     bindparam,
+    case,
     func,
     or_,
     select,
@@ -53,6 +54,12 @@ PRESENTED_JOB_COLUMNS = (
     *("created_at", "updated_at", "started_at", "finished_at"),
 )
 CHECKPOINT_REF_COLUMNS = ("id", "step", "metrics", "path", "created_at")
+# A succeeded job's `model.model_id`, read inside the database so that a list without
+# `expand=spec` still names its `fine_tuned_model`; the spec of any other job is not touched.
+MODEL_ID = "model_id"
+_model_id = case(
+    (_jobs.c.status == JobStatus.SUCCEEDED, _jobs.c.spec[("model", "model_id")].as_string())
+).label(MODEL_ID)
 
 
 def _newest_live_checkpoint_id(best_only: bool) -> Any:
@@ -73,7 +80,7 @@ def _jobs_with_checkpoints(with_spec: bool) -> Select[Any]:
     latest = _checkpoints.alias("latest_checkpoint")
     best = _checkpoints.alias("best_checkpoint")
     names = (*PRESENTED_JOB_COLUMNS, "spec") if with_spec else PRESENTED_JOB_COLUMNS
-    columns = [_jobs.c[name] for name in names]
+    columns = [*(_jobs.c[name] for name in names), _model_id]
     for prefix, table in (("latest", latest), ("best", best)):
         columns += [table.c[name].label(f"{prefix}_{name}") for name in CHECKPOINT_REF_COLUMNS]
     return (

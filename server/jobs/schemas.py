@@ -162,6 +162,12 @@ class JobOut(BaseModel):
     queue_position: int | None = Field(description="1 = next to be claimed; null unless queued")
     latest_checkpoint: CheckpointRef | None
     best_checkpoint: CheckpointRef | None
+    fine_tuned_model: str | None = Field(
+        description="Once the job succeeded (and a checkpoint of it is left): the `model` name "
+        "that `POST /v1/chat/completions` and `/v1/completions` answer with its final weights "
+        "(`ft:<base>[:<name>]:<job id>`, as `GET /v1/models` lists it). Any complete checkpoint "
+        "is callable as `<job id>:ckpt-<step>`, whatever the status"
+    )
     resume_from: str | None = Field(description="Checkpoint directory the next run resumes from")
     engine: EngineRef | None = Field(
         default=None, description="Set while and after a cluster engine (Ray, Slurm) runs the job"

@@ -50,14 +50,14 @@ def panel(page: Any, standin: Standin) -> Any:
     page.route(blank, lambda route: route.fulfill(content_type="text/html", body="<!doctype html><body>"))
     page.goto(blank)
     page.evaluate(
-        """async ([token, job]) => {
+        """async ([token, job, model]) => {
             localStorage.setItem("twinkle.apiToken", token);
             const { PlaygroundPanel } = await import("/dashboard/static/views/playground.js");
             window.playground = new PlaygroundPanel(job);
             document.body.append(window.playground.el);
-            await window.playground.refresh({ status: "succeeded" });
+            await window.playground.refresh({ status: "succeeded", fine_tuned_model: model });
         }""",
-        [TOKEN, JOB],
+        [TOKEN, JOB, FINE_TUNED],
     )
     return page
 
@@ -69,6 +69,10 @@ def test_choice_of_model_final_then_checkpoints(panel: Any) -> None:
         [f"{JOB}:ckpt-4", "Checkpoint · step 4"],
         [f"{JOB}:ckpt-2", "Checkpoint · step 2"],
     ]
+    # The chosen model's name, to call it from code, follows the choice.
+    assert panel.text_content(".playground [data-role=model-name]") == FINE_TUNED
+    panel.select_option(".playground select[name=model]", f"{JOB}:ckpt-2")
+    assert panel.text_content(".playground [data-role=model-name]") == f"{JOB}:ckpt-2"
 
 
 def test_the_answer_streams_in(panel: Any, standin: Standin) -> None:
@@ -153,6 +157,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> It
             done = service.wait_terminal(job["id"], timeout=240)
             assert done["status"] == "succeeded", service.worker_log()
             model = api.get(f"/v1/fine_tuning/jobs/{job['id']}").json()["fine_tuned_model"]
+            assert done["fine_tuned_model"] == model  # the native job names what OpenAI's calls it
         yield Served(service, job["id"], model)
     finally:
         service.stop()

@@ -174,10 +174,12 @@ def test_job_commands_act_on_a_queued_job(
     assert clone["id"] != job_id and clone["spec"]["training"]["max_steps"] == 7 and clone["name"] == "ctl-2"
     assert cli_json(idle_service, "jobs", "cancel", job_id)["status"] == "cancelled"
     text = cli(idle_service, "jobs", "get", job_id)
-    assert text.returncode == 0 and text.stdout.splitlines() == [
-        f"{job_id} cancelled",
-        "actions: resume, clone, delete",  # what the server says, not a list of the CLI's own
-    ]
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0] == f"{job_id}  cancelled  ctl"
+    assert lines[1] == f"base model  {tiny_model_dir}  (full fine-tune)"
+    assert lines[-1] == "actions     resume, clone, delete"  # the server's list, not the CLI's own
+    assert not any(line.startswith(("checkpoint", "model ")) for line in lines)  # none yet
 
     events = cli(idle_service, "jobs", "events", job_id, "-o", "json")
     assert events.returncode == 0, events.stderr

@@ -2,7 +2,7 @@
 
 It plays the API server's side of the contract (docs/openai-compat.md): `/v1/models`,
 `/v1/chat/completions` and `/v1/completions` answering as OpenAI does (JSON, or SSE chunks ending
-in `data: [DONE]`), errors in the service's envelope, and `/v1/fine_tuning/jobs/{id}` for a job's
+in `data: [DONE]`), errors in the service's envelope, and `/v1/jobs/{id}` for a job's
 `fine_tuned_model`. It stands in for the *protocol*, not for our server: it generates by echoing
 words of the prompt, so answers are predictable. The real endpoints are tested end to end in the
 integration and browser tests.
@@ -97,14 +97,14 @@ def make_app(state: State) -> FastAPI:
         names = [FINE_TUNED, *(f"{j}:ckpt-{s}" for j, steps in CHECKPOINTS.items() for s in steps)]
         return {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "proj-1"} for n in names]}
 
-    @app.get("/v1/fine_tuning/jobs/{job_id}")
-    async def fine_tuning_job(job_id: str) -> Any:
+    @app.get("/v1/jobs/{job_id}")
+    async def job(job_id: str) -> Any:
         if job_id not in CHECKPOINTS:
-            return _error(404, f"job {job_id} not found", "fine_tuning_job_id", "not_found")
+            return _error(404, f"job {job_id} not found", "job_id", "not_found")
         done = job_id == JOB
         return {
             "id": job_id,
-            "object": "fine_tuning.job",
+            "object": "job",
             "status": "succeeded" if done else "running",
             "fine_tuned_model": FINE_TUNED if done else None,
         }

@@ -202,6 +202,15 @@ def test_models_list_is_project_scoped(api: Api) -> None:
             client.models.retrieve(unknown)
         assert missing.value.body["param"] == "model"  # type: ignore[index]
 
+    # The native job names its model as /v1/models lists it; a failed job, or a succeeded one
+    # with no checkpoint left to serve, has none.
+    jobs = {j["id"]: j for j in api.client.get("/v1/jobs?limit=100", headers=api.admin).json()["data"]}
+    assert jobs[done["id"]]["fine_tuned_model"] == ids[0]
+    assert jobs[failed["id"]]["fine_tuned_model"] is None
+    empty = api.submit(name="no-checkpoint")
+    api.force_status(empty["id"], "succeeded")
+    assert api.client.get(f"/v1/jobs/{empty['id']}", headers=api.admin).json()["fine_tuned_model"] is None
+
     theirs = api.client.get("/v1/models", headers=api.token("team-b")).json()
     assert [m["id"] for m in theirs["data"]] == [f"ft:secret-base:demo:{foreign['id']}", "org/secret-base"]
 

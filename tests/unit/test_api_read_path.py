@@ -8,6 +8,7 @@ unless marked."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -316,6 +317,10 @@ def test_a_page_reads_as_each_job_does_alone_and_as_the_unbatched_path(api: Api)
     assert by_name["run-slow"]["progress"]["eta_seconds"] == pytest.approx(120.0, rel=0.05)
     done = by_name["done"]
     assert done["latest_checkpoint"]["step"] == 30 and done["best_checkpoint"]["step"] == 20
+    # The name its final weights answer to, read from the spec inside the database (so a page
+    # without the spec has it too); only a succeeded job has one.
+    assert done["fine_tuned_model"] == f"ft:tiny-llama:done:{ids['done']}"
+    assert [j["name"] for j in page if j["fine_tuned_model"]] == ["done"]
     # The per-query path (used after actions) presents the same jobs identically.
     from server.jobs import service
 
@@ -354,7 +359,12 @@ def test_a_list_reads_the_spec_only_when_asked_and_rejects_other_expansions(api:
     with statements(api) as expanded:
         spec = api.client.get("/v1/jobs?expand=spec", headers=api.admin).json()["data"][0]["spec"]
     assert spec["model"]["model_id"] == "org/tiny-llama" and spec["training"]["seed"] is not None
-    assert "jobs.spec" not in plain[0] and "jobs.spec" in expanded[0]
+    # Without expand=spec, a job's spec is read only to name a succeeded job's fine-tuned model.
+    selected = plain[0].split("FROM jobs")[0]
+    assert selected.count("jobs.spec") == 1 and re.search(
+        r"CASE WHEN \(jobs\.status = .*jobs\.spec", selected
+    )
+    assert "jobs.spec, " in expanded[0]
     bad = api.client.get("/v1/jobs?expand=metadata", headers=api.admin)
     assert bad.status_code == 422 and bad.json()["error"]["param"].startswith("expand")
 

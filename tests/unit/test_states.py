@@ -321,7 +321,8 @@ def test_an_action_added_to_the_table_reaches_the_api_client_and_cli(
         resources.jobs, ["--url", "http://testserver", "--token", token, "get", job_id]
     )
     assert shown.exit_code == 0, shown.output
-    assert shown.output.splitlines() == [f"{job_id} retrying", "actions: resume, cancel, clone"]
+    lines = shown.output.splitlines()
+    assert (lines[0], lines[-1]) == (f"{job_id}  retrying  demo", "actions     resume, cancel, clone")
     response = api.client.post(f"/v1/jobs/{job_id}/resume", headers=api.admin)
     assert response.status_code == 200 and response.json()["status"] == "queued", response.text
 

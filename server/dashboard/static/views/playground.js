@@ -64,7 +64,13 @@ export class PlaygroundPanel {
   constructor(jobId) {
     this.jobId = jobId;
     this.controller = null; // the running generation's, while one runs
-    this.model = h("select", { name: "model", "aria-label": "Model" });
+    this.model = h("select", {
+      name: "model",
+      "aria-label": "Model",
+      onChange: () => this.showModelName(),
+    });
+    // The name to pass as `model` to the OpenAI client or `twinkle-jobs chat`, ready to copy.
+    this.modelName = h("code", { class: "mono", dataset: { role: "model-name" } });
     this.prompt = h("textarea", {
       name: "prompt",
       rows: 3,
@@ -125,7 +131,7 @@ export class PlaygroundPanel {
       h(
         "div",
         { class: "playground-settings" },
-        field("Model ", this.model),
+        field("Model ", this.model, h("span", {}, "From code: model=", this.modelName)),
         field("Temperature ", this.temperature),
         field("Max tokens ", this.maxTokens),
       ),
@@ -145,14 +151,9 @@ export class PlaygroundPanel {
   async refresh(job) {
     const id = encodeURIComponent(this.jobId);
     try {
-      const [checkpoints, finetune] = await Promise.all([
-        getJson(`/v1/jobs/${id}/checkpoints`, { limit: 100 }),
-        job.status === "succeeded" ? getJson(`/v1/fine_tuning/jobs/${id}`) : null,
-      ]);
+      const checkpoints = await getJson(`/v1/jobs/${id}/checkpoints`, { limit: 100 });
       const options = [];
-      if (finetune?.fine_tuned_model) {
-        options.push({ value: finetune.fine_tuned_model, label: "Final model" });
-      }
+      if (job.fine_tuned_model) options.push({ value: job.fine_tuned_model, label: "Final model" });
       const steps = checkpoints.data.map((c) => c.step).sort((a, b) => b - a);
       for (const step of steps)
         options.push({ value: `${this.jobId}:ckpt-${step}`, label: `Checkpoint · step ${step}` });
@@ -180,7 +181,12 @@ export class PlaygroundPanel {
       options.map((o) => h("option", { value: o.value, dataset: { model: o.value } }, o.label)),
     );
     if (options.some((o) => o.value === selected)) this.model.value = selected;
+    this.showModelName();
     if (!this.form.isConnected) replace(this.body, this.form, this.errorSlot, this.answer, this.status);
+  }
+
+  showModelName() {
+    this.modelName.textContent = this.model.value;
   }
 
   setState(state, text) {

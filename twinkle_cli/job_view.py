@@ -1,0 +1,88 @@
+"""`twinkle-jobs jobs get`'s text view: one job as a few labelled lines, the fields a person looks
+for first (what it trains, how far it got, where its weights are, what to call them, why it failed,
+what can be done with it next). `-o json` prints the whole object instead."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+_LABEL_WIDTH = 12
+
+
+def _line(label: str, value: str) -> str:
+    return f"{label:<{_LABEL_WIDTH}}{value}"
+
+
+def _when(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _clock(value: str | None) -> str:
+    moment = _when(value)
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ") if moment else "-"
+
+
+def _model(spec: dict[str, Any]) -> str:
+    model = spec.get("model") or {}
+    adapter = spec.get("adapter")
+    kind = f"LoRA r={adapter.get('r')}" if isinstance(adapter, dict) else "full fine-tune"
+    return f"{model.get('model_id') or '(from config)'}  ({kind})"
+
+
+def _progress(job: dict[str, Any]) -> str:
+    p = job.get("progress") or {}
+    step, total = p.get("step") or 0, p.get("total_steps")
+    text = f"step {step}/{total}" if total else f"step {step}"
+    if p.get("percent") is not None:
+        text += f" ({p['percent']:.0f}%)"
+    if p.get("loss") is not None:
+        text += f", loss {p['loss']:.4f}"
+    if p.get("eta_seconds") is not None:
+        text += f", eta {int(p['eta_seconds'])}s"
+    return text
+
+
+def _times(job: dict[str, Any]) -> str:
+    text = f"created {_clock(job.get('created_at'))}"
+    if job.get("started_at"):
+        text += f", started {_clock(job['started_at'])}"
+    started, finished = _when(job.get("started_at")), _when(job.get("finished_at"))
+    if finished:
+        text += f", finished {_clock(job['finished_at'])}"
+        if started:
+            text += f" ({(finished - started).total_seconds():.0f} s)"
+    return text
+
+
+def describe_job(job: dict[str, Any]) -> list[str]:
+    """The lines of the view; a field the job does not have yet is left out, not shown empty."""
+    lines = [f"{job['id']}  {job['status']}  {job.get('name') or ''}".rstrip()]
+    if job.get("spec"):
+        lines.append(_line("base model", _model(job["spec"])))
+    lines.append(_line("progress", _progress(job)))
+    if job.get("queue_position"):
+        lines.append(_line("queue", f"position {job['queue_position']}"))
+    engine = job.get("engine")
+    if engine:
+        where = f"{engine['name']} {engine.get('job_id') or '-'} ({engine.get('state') or '-'})"
+        lines.append(_line("engine", where))
+    checkpoint = job.get("latest_checkpoint")
+    if checkpoint:
+        lines.append(_line("checkpoint", f"step {checkpoint['step']}  {checkpoint['path']}"))
+    best = job.get("best_checkpoint")
+    if best and (not checkpoint or best["step"] != checkpoint["step"]):
+        lines.append(_line("best", f"step {best['step']}  {best['path']}"))
+    if job.get("fine_tuned_model"):
+        lines.append(_line("model", f"{job['fine_tuned_model']}  (twinkle-jobs chat {job['id']})"))
+    error = job.get("error")
+    if error:
+        lines.append(_line("error", f"{error.get('kind', 'infra')}: {error.get('message', '')}"))
+    lines.append(_line("times", _times(job)))
+    lines.append(_line("actions", ", ".join(job.get("actions") or []) or "none"))
+    return lines
