@@ -20,6 +20,7 @@ from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jobcore.jobs.states import InvalidTransition
+from twinkle_core.spec_hints import unknown_field_message
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +149,8 @@ def param_from_loc(loc: Sequence[Any]) -> str | None:
 
 def _validation_message(error: dict[str, Any], param: str | None) -> str:
     if error.get("type") == "extra_forbidden":
+        if param and param.startswith("spec."):  # a job's spec: name the field that was meant
+            return unknown_field_message(param.split(".")[1:])
         return f"unknown field '{param}'"
     if error.get("type") == "json_invalid":
         return "the request body is not valid JSON"

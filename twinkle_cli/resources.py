@@ -143,12 +143,16 @@ def jobs() -> None:
 def jobs_validate(path: Path, output: str) -> None:
     """Check a spec file locally without submitting it; prints the resolved spec."""
     from twinkle_core.spec import JobSpec
+    from twinkle_core.spec_hints import unknown_field_message
 
     body = load_job_file(path)
     try:
         spec = JobSpec.model_validate(body["spec"])
     except ValidationError as exc:
         for err in exc.errors():
+            if err["type"] == "extra_forbidden":
+                click.echo(unknown_field_message(err["loc"]), err=True)
+                continue
             loc = ".".join(str(p) for p in err["loc"]) or "spec"
             click.echo(f"spec.{loc}: {err['msg']}", err=True)
         sys.exit(1)

@@ -45,6 +45,7 @@ from server.jobs.present import present_rows
 from server.jobs.references import check_spec
 from server.jobs.schemas import JobClone, JobCreate
 from twinkle_core.spec import JobSpec
+from twinkle_core.spec_hints import unknown_field_message
 
 Dispatch = Callable[[str], None]
 S = JobStatus
@@ -289,7 +290,7 @@ def clone_job(
         param = ".".join(["spec", *(str(p) for p in first["loc"])])
         message = str(first["msg"]).removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
-            message = "unknown field"
+            raise InvalidRequest(unknown_field_message(first["loc"]), param=param) from exc
         raise InvalidRequest(f"{param}: {message}", param=param) from exc
     check_spec(spec, session, principal.project_id, settings)
     _check_queue_limit(session, principal.project_id)

@@ -112,7 +112,9 @@ def test_ci_script_passes_and_fails_with_the_job(
 
 def test_validate_names_the_bad_field(tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
-    spec.write_text("model: {model_id: org/m, mixed_precision: fp9}\ndata: {train_file: org/d}\n")
+    spec.write_text(
+        "model: {model_id: org/m, mixed_precision: fp9}\ndata: {train_file: org/d}\ntraining: {max_step: 4}\n"
+    )
     result = subprocess.run(
         [sys.executable, "-m", "twinkle_cli.main", "jobs", "validate", "-f", str(spec)],
         capture_output=True,
@@ -121,6 +123,7 @@ def test_validate_names_the_bad_field(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "spec.model.mixed_precision" in result.stderr
+    assert "unknown field 'spec.training.max_step' (did you mean 'spec.training.max_steps'?)" in result.stderr
 
 
 def test_follow_shows_events_and_a_progress_line_with_step_loss_and_eta(

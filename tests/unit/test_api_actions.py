@@ -86,6 +86,7 @@ def test_clone_rejects_bad_overrides_naming_the_field(api: Api) -> None:
     assert bad_lr.status_code == 422 and bad_lr.json()["error"]["param"] == "spec.optimizer.lr"
     unknown = api.client.post(url, json={"spec": {"optimizer": {"lrr": 1}}}, headers=api.admin)
     assert unknown.json()["error"]["param"] == "spec.optimizer.lrr"
+    assert unknown.json()["error"]["message"].endswith("(did you mean 'spec.optimizer.lr'?)")
     outside = api.client.post(url, json={"spec": {"data": {"train_file": "/etc/hosts"}}}, headers=api.admin)
     assert outside.json()["error"]["param"] == "spec.data.train_file"
     assert api.client.post(url, json={"colour": 1}, headers=api.admin).json()["error"]["param"] == "colour"

@@ -69,10 +69,14 @@ def test_unknown_keys_are_422_naming_them(api: Api) -> None:
     assert response.json()["error"]["code"] == "unknown_field"
     body = spec_body()
     body["spec"]["data"]["trian_file"] = "x"
-    assert (
-        api.client.post("/v1/jobs", json=body, headers=api.admin).json()["error"]["param"]
-        == "spec.data.trian_file"
-    )
+    error = api.client.post("/v1/jobs", json=body, headers=api.admin).json()["error"]
+    assert error["param"] == "spec.data.trian_file"
+    # The message names the field that was meant (twinkle_core/spec_hints.py).
+    assert error["message"] == "unknown field 'spec.data.trian_file' (did you mean 'spec.data.train_file'?)"
+    body = spec_body()
+    body["spec"]["training"] = {"learning_rate": 1e-4}  # Trainer's name
+    error = api.client.post("/v1/jobs", json=body, headers=api.admin).json()["error"]
+    assert error["message"].endswith("(did you mean 'spec.optimizer.lr'?)")
 
 
 def test_malformed_json_and_missing_spec_are_422(api: Api) -> None:
