@@ -161,7 +161,7 @@ def _checkpoint_refs(session: Session, jobs: Sequence[Job]) -> dict[str, reposit
 def row_of(job: Job, refs: repository.CheckpointRefs) -> dict[str, Any]:
     """The row `repository.read_job_row` would read for `job` (spec included)."""
     row = {name: getattr(job, _JOB_ATTRIBUTES[name]) for name in (*repository.PRESENTED_JOB_COLUMNS, "spec")}
-    model = (job.spec or {}).get("model")
+    model = (job.spec or {}).get("model") if job.status == _SUCCEEDED else None  # as the SQL reads it
     row[repository.MODEL_ID] = model.get("model_id") if isinstance(model, dict) else None
     for prefix, checkpoint in (("latest", refs.latest), ("best", refs.best)):
         for name, key in _REF_KEYS[prefix]:

@@ -16,7 +16,6 @@ from pydantic import ValidationError
 from jobcore.db.models import Checkpoint, Job
 from server.errors import InvalidRequest, param_from_loc
 from server.inference import names
-from server.inference import service as inference
 from server.jobs.schemas import JobCreate, JobEventOut, JobOut
 from server.openai_compat.schemas import (
     CheckpointMetrics,
@@ -150,14 +149,13 @@ def present_job(job: Job, native: JobOut) -> FineTuningJob:
         error = FineTuningError(
             code=str(job.error.get("kind", "infra")), message=str(job.error.get("message", ""))
         )
-    latest = native.latest_checkpoint
     eta = native.progress.eta_seconds
     return FineTuningJob(
         id=job.id,
         created_at=int(job.created_at.timestamp()),
         finished_at=_unix(job.finished_at),
         error=error,
-        fine_tuned_model=inference.fine_tuned_model(job) if latest and job.status == "succeeded" else None,
+        fine_tuned_model=native.fine_tuned_model,  # the native job's, one rule for both
         hyperparameters=hyper,
         model=str(spec["model"].get("model_id") or ""),
         organization_id=job.project_id,
