@@ -1,6 +1,7 @@
-"""`twinkle-jobs jobs get`'s text view: one job as a few labelled lines, the fields a person looks
-for first (what it trains, how far it got, where its weights are, what to call them, why it failed,
-what can be done with it next). `-o json` prints the whole object instead."""
+"""The CLI's text views of a job: `jobs get` as a few labelled lines, the fields a person looks for
+first (what it trains, how far it got, where its weights are, what to call them, why it failed,
+what can be done with it next), and what a `sample` event's model said, under the event's line in
+`jobs events` and `--follow`. `-o json` prints the whole objects instead."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 _LABEL_WIDTH = 12
+_SAMPLE_CHARS = 200  # of a prompt or a completion on one line; -o json has them whole
 
 
 def _line(label: str, value: str) -> str:
@@ -86,3 +88,21 @@ def describe_job(job: dict[str, Any]) -> list[str]:
     lines.append(_line("times", _times(job)))
     lines.append(_line("actions", ", ".join(job.get("actions") or []) or "none"))
     return lines
+
+
+def _one_line(text: str) -> str:
+    flat = text.replace("\r", "").replace("\n", "\\n")
+    return flat if len(flat) <= _SAMPLE_CHARS else flat[: _SAMPLE_CHARS - 1] + "…"
+
+
+def sample_lines(event: dict[str, Any]) -> list[str]:
+    """What the model answered each prompt in a `sample` event (`data.samples`), one indented line
+    per prompt: `"prompt" -> completion`; nothing for any other event."""
+    if event.get("type") != "sample":
+        return []
+    samples = (event.get("data") or {}).get("samples") or []
+    return [
+        f"    {_one_line(str(s.get('prompt', '')))!r} -> {_one_line(str(s.get('completion', '')))}"
+        for s in samples
+        if isinstance(s, dict)
+    ]

@@ -20,7 +20,7 @@ import httpx
 import yaml
 from pydantic import ValidationError
 
-from twinkle_cli.job_view import describe_job
+from twinkle_cli.job_view import describe_job, sample_lines
 from twinkle_client import APIError, TwinkleClient
 
 EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT = 1, 2, 3
@@ -207,6 +207,8 @@ def _follow(client: TwinkleClient, job_id: str, timeout: float | None, output: s
             if output != "text":
                 continue
             click.echo(f"  [{event.get('type', '?'):>10}] {event.get('message', '')}")
+            for sample in sample_lines(event):
+                click.echo(sample)
             line = progress.line(event)
             if line:
                 click.echo(line, err=True)
@@ -419,6 +421,8 @@ def jobs_events(
                 click.echo(
                     f"{event.get('created_at', '')}  {event.get('level', ''):<5} {event.get('message', '')}"
                 )
+                for line in sample_lines(event):
+                    click.echo(line)
     except TimeoutError as exc:
         click.echo(str(exc), err=True)
         sys.exit(EXIT_TIMEOUT)

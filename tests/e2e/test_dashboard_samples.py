@@ -1,10 +1,13 @@
 """The job page shows what the model said at each sampled step (training.sample_every +
 sample_prompts), beside the loss: the samples already written when the page opens, and those the
-event stream brings while it is open."""
+event stream brings while it is open; `twinkle-jobs jobs events` prints them too."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +56,18 @@ def test_samples_appear_beside_the_loss(stack: Any, page: Any, tmp_path: Path, t
     page.wait_for_selector('.samples .sample-step[data-step="4"]', timeout=15_000)
     steps = page.eval_on_selector_all(".samples .sample-step", "els => els.map((e) => e.dataset.step)")
     assert steps == ["4", "2"]
+
+
+    # The CLI prints what the model said under each sample event's line, oldest first.
+    shown = subprocess.run(
+        [sys.executable, "-m", "twinkle_cli.main", "jobs", "events", job_id, "--type", "sample"],
+        env={**os.environ, "TWINKLE_URL": stack.url, "TWINKLE_TOKEN": stack.token},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert [line.split("  ")[-1] for line in lines[::3]] == ["samples at step 2", "samples at step 4"]
+    assert lines[1:3] == ["    'The cat' -> likes small boats", "    'A robot' -> "]
+    assert lines[4] == "    'The cat' -> likes big boats"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twinkle_cli.job_view import describe_job
+from twinkle_cli.job_view import describe_job, sample_lines
 
 CKPT = "/data/jobs/job-1/checkpoints"
 
@@ -111,3 +111,23 @@ def test_a_queued_job_from_a_list_without_its_spec() -> None:
         "times       created 2026-12-06 06:00:00Z",
         "actions     pause, cancel, clone",
     ]
+
+
+def test_a_sample_event_shows_what_the_model_said_one_line_per_prompt() -> None:
+    event = {
+        "type": "sample",
+        "message": "samples at step 100",
+        "data": {
+            "step": 100,
+            "samples": [
+                {"prompt": "2+2=", "completion": "4"},
+                {"prompt": "Write a poem", "completion": "Roses are red,\nviolets " + "la " * 100},
+            ],
+        },
+    }
+    first, second = sample_lines(event)
+    assert first == "    '2+2=' -> 4"
+    assert second.startswith("    'Write a poem' -> Roses are red,\\nviolets la la")
+    assert second.endswith("…") and len(second) < 240  # cut, on one line
+    assert sample_lines({"type": "metrics", "data": {"samples": [{"prompt": "x"}]}}) == []
+    assert sample_lines({"type": "sample", "data": None}) == []
