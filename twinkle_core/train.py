@@ -22,6 +22,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -599,6 +600,17 @@ def _quiet_libraries() -> None:
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    silence_library_deprecations()
+
+
+def silence_library_deprecations() -> None:
+    """Leave out of a rank's log the warnings one library raises about another's API, which no
+    user can act on: peft's PeftModel reads `is_gradient_checkpointing`, deprecated in transformers
+    5, so every LoRA job's log carried a FutureWarning per rank. The runner's process only; the
+    library never changes the filters of a user's own script."""
+    warnings.filterwarnings(
+        "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+    )
 
 
 def _shutdown_process_group() -> None:

@@ -57,7 +57,6 @@ def test_samples_appear_beside_the_loss(stack: Any, page: Any, tmp_path: Path, t
     steps = page.eval_on_selector_all(".samples .sample-step", "els => els.map((e) => e.dataset.step)")
     assert steps == ["4", "2"]
 
-
     # The CLI prints what the model said under each sample event's line, oldest first.
     shown = subprocess.run(
         [sys.executable, "-m", "twinkle_cli.main", "jobs", "events", job_id, "--type", "sample"],
