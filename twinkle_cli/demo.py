@@ -81,4 +81,10 @@ def run_demo(url: str, token: str, settings: Settings, steps: int, nproc: int, t
         return 1
     checkpoint = (job.get("latest_checkpoint") or {}).get("path")
     click.echo(f"final checkpoint: {checkpoint}")
+    click.echo(f"model name: {job.get('fine_tuned_model')}")
+    # What a new user does next: the same data dir keeps the job, so `up` serves it.
+    click.echo(
+        "next: `twinkle-jobs up` (same data dir) serves the dashboard and this model; then "
+        f"`twinkle-jobs chat {job['id']}`, or any OpenAI client with that model name"
+    )
     return 0
