@@ -1,7 +1,8 @@
-"""The CLI's text views of a job: `jobs get` as a few labelled lines, the fields a person looks for
-first (what it trains, how far it got, where its weights are, what to call them, why it failed,
-what can be done with it next), and what a `sample` event's model said, under the event's line in
-`jobs events` and `--follow`. `-o json` prints the whole objects instead."""
+"""The CLI's text views of jobs: `jobs list` as a table; `jobs get` as a few labelled lines, the
+fields a person looks for first (what it trains, how far it got, where its weights are, what to
+call them, why it failed, what can be done with it next); and what the model said in a `sample`
+event, under the event's line in `jobs events` and `--follow`. `-o json` prints the whole objects
+instead."""
 
 from __future__ import annotations
 
@@ -88,6 +89,28 @@ def describe_job(job: dict[str, Any]) -> list[str]:
     lines.append(_line("times", _times(job)))
     lines.append(_line("actions", ", ".join(job.get("actions") or []) or "none"))
     return lines
+
+
+def job_table(jobs: list[dict[str, Any]]) -> list[str]:
+    """`jobs list`: a header and a row per job (id, status, step/total, last loss, created, name),
+    the columns as wide as their widest cell."""
+    rows = [("ID", "STATUS", "STEP", "LOSS", "CREATED", "NAME")]
+    for job in jobs:
+        p = job.get("progress") or {}
+        step, total = p.get("step") or 0, p.get("total_steps")
+        loss = p.get("loss")
+        rows.append(
+            (
+                job["id"],
+                job["status"],
+                f"{step}/{total}" if total else str(step),
+                "-" if loss is None else f"{loss:.4f}",
+                _clock(job.get("created_at")),
+                job.get("name") or "",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
 def _one_line(text: str) -> str:

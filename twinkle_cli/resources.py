@@ -20,7 +20,7 @@ import httpx
 import yaml
 from pydantic import ValidationError
 
-from twinkle_cli.job_view import describe_job, sample_lines
+from twinkle_cli.job_view import describe_job, job_table, sample_lines
 from twinkle_client import APIError, TwinkleClient
 
 EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT = 1, 2, 3
@@ -278,7 +278,7 @@ def jobs_list(
         items.append(job)
         if len(items) >= limit:
             break
-    _emit(items, output, [f"{j['id']}  {j['status']:<10} {j.get('name') or ''}" for j in items])
+    _emit(items, output, job_table(items))
 
 
 def _job_action(action: str) -> Any:

@@ -189,6 +189,9 @@ def test_job_commands_act_on_a_queued_job(
     statuses = [e["data"]["to"] for e in map(json.loads, events.stdout.splitlines()) if e["type"] == "status"]
     assert statuses == ["queued", "paused", "queued", "cancelled"]
 
+    table = cli(idle_service, "jobs", "list").stdout.splitlines()
+    assert table[0].split() == ["ID", "STATUS", "STEP", "LOSS", "CREATED", "NAME"]
+    assert [row.split()[:2] for row in table[1:]] == [[clone["id"], "queued"], [job_id, "cancelled"]]
     queued = cli_json(idle_service, "jobs", "list", "--status", "queued", "--status", "paused")
     assert [j["id"] for j in queued] == [clone["id"]]
     both = cli_json(idle_service, "jobs", "list", "--status", "queued", "--status", "cancelled")

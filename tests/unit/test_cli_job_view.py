@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twinkle_cli.job_view import describe_job, sample_lines
+from twinkle_cli.job_view import describe_job, job_table, sample_lines
 
 CKPT = "/data/jobs/job-1/checkpoints"
 
@@ -131,3 +131,14 @@ def test_a_sample_event_shows_what_the_model_said_one_line_per_prompt() -> None:
     assert second.endswith("…") and len(second) < 240  # cut, on one line
     assert sample_lines({"type": "metrics", "data": {"samples": [{"prompt": "x"}]}}) == []
     assert sample_lines({"type": "sample", "data": None}) == []
+
+
+def test_the_list_is_a_table_with_columns_as_wide_as_their_cells() -> None:
+    done = _job(status="succeeded", progress={"step": 200, "total_steps": 200, "loss": 0.5})
+    queued = _job(id="job-22", status="queued", name=None, progress={"step": 0, "total_steps": None})
+    assert job_table([done, queued]) == [
+        "ID      STATUS     STEP     LOSS    CREATED               NAME",
+        "job-1   succeeded  200/200  0.5000  2026-12-06 06:00:00Z  support-bot",
+        "job-22  queued     0        -       2026-12-06 06:00:00Z",
+    ]
+    assert job_table([]) == ["ID  STATUS  STEP  LOSS  CREATED  NAME"]
