@@ -28,6 +28,7 @@ from server.openai_compat.schemas import (
     ResolvedHyperparameters,
 )
 from twinkle_core.spec import OptimizerSection, TrainingSection
+from twinkle_core.spec_hints import meant_instead
 
 # "auto" means JobSpec's own default, so the two APIs cannot drift apart: the learning rate that
 # learning_rate_multiplier=1 stands for, and the global batch size.
@@ -108,6 +109,9 @@ def to_job_create(body: FineTuningJobCreate) -> JobCreate:
         message = str(first["msg"]).removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             message = "unknown field"
+            meant = meant_instead(first["loc"][1:]) if first["loc"][:1] == ("spec",) else None
+            if meant is not None:  # where the user wrote it: inside twinkle_spec
+                message += f" (did you mean 'twinkle_spec.{meant.removeprefix('spec.')}'?)"
         raise InvalidRequest(f"{param}: {message}", param=param) from exc
 
 

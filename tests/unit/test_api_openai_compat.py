@@ -120,6 +120,20 @@ def test_twinkle_spec_rides_along_and_errors_name_openai_fields(oa: openai.OpenA
         )
     assert exc.value.body["param"] == "twinkle_spec.model.strategy"  # type: ignore[index]
 
+    # An unknown key: the field meant, inside twinkle_spec where the user wrote it.
+    for wrong, meant in (
+        ("max_step", "twinkle_spec.training.max_steps"),
+        ("lr", "twinkle_spec.optimizer.lr"),
+    ):
+        with pytest.raises(openai.UnprocessableEntityError) as exc:
+            oa.fine_tuning.jobs.create(
+                model="org/tiny-llama",
+                training_file=file_id,
+                extra_body={"twinkle_spec": {"training": {wrong: 4}}},
+            )
+        assert exc.value.body["param"] == f"twinkle_spec.training.{wrong}"  # type: ignore[index]
+        assert exc.value.body["message"].endswith(f"(did you mean '{meant}'?)")  # type: ignore[index]
+
     with pytest.raises(openai.UnprocessableEntityError):
         oa.fine_tuning.jobs.create(
             model="org/tiny-llama", training_file=file_id, hyperparameters={"n_epochs": 0}
