@@ -21,6 +21,8 @@ import pytest
 import yaml
 from live_service import TOKEN, LiveService, tiny_spec
 
+from server.inference.names import base_name
+
 pytestmark = pytest.mark.slow
 
 
@@ -83,6 +85,8 @@ def test_ci_script_passes_and_fails_with_the_job(
     assert ok.returncode == 0, ok.stdout + ok.stderr + service.worker_log()
     job = json.loads(ok.stdout)
     assert job["status"] == "succeeded" and job["progress"]["step"] == 2
+    # The pipeline's next step reads the name to call the model by from this one object.
+    assert job["fine_tuned_model"] == f"ft:{base_name(job['spec']['model']['model_id'])}:ci-good:{job['id']}"
 
     listed = json.loads(cli(service, "jobs", "list", "-o", "json").stdout)
     assert [j["id"] for j in listed] == [job["id"]]
