@@ -38,17 +38,18 @@ def _model(spec: dict[str, Any]) -> str:
     return f"{model.get('model_id') or '(from config)'}  ({kind})"
 
 
-def _progress(job: dict[str, Any]) -> str:
-    p = job.get("progress") or {}
+def progress_text(p: dict[str, Any]) -> str:
+    """A job's `progress` on one line: a bar once the total is known, step/total, loss, ETA (also
+    the line `--wait` and `--follow` print, after the status)."""
     step, total = p.get("step") or 0, p.get("total_steps")
-    text = f"step {step}/{total}" if total else f"step {step}"
-    if p.get("percent") is not None:
-        text += f" ({p['percent']:.0f}%)"
-    if p.get("loss") is not None:
-        text += f", loss {p['loss']:.4f}"
-    if p.get("eta_seconds") is not None:
-        text += f", eta {int(p['eta_seconds'])}s"
-    return text
+    pct = p.get("percent")
+    bar = ""
+    if pct is not None:
+        filled = int(pct / 5)
+        bar = "[" + "#" * filled + "." * (20 - filled) + f"] {pct:5.1f}% "
+    loss = f" loss {p['loss']:.4f}" if p.get("loss") is not None else ""
+    eta = f" eta {int(p['eta_seconds'])}s" if p.get("eta_seconds") is not None else ""
+    return f"{bar}step {step}/{total or '?'}{loss}{eta}"
 
 
 def _times(job: dict[str, Any]) -> str:
@@ -68,7 +69,7 @@ def describe_job(job: dict[str, Any]) -> list[str]:
     lines = [f"{job['id']}  {job['status']}  {job.get('name') or ''}".rstrip()]
     if job.get("spec"):
         lines.append(_line("base model", _model(job["spec"])))
-    lines.append(_line("progress", _progress(job)))
+    lines.append(_line("progress", progress_text(job.get("progress") or {})))
     if job.get("queue_position"):
         lines.append(_line("queue", f"position {job['queue_position']}"))
     engine = job.get("engine")

@@ -20,7 +20,7 @@ import httpx
 import yaml
 from pydantic import ValidationError
 
-from twinkle_cli.job_view import describe_job, job_table, sample_lines
+from twinkle_cli.job_view import describe_job, job_table, progress_text, sample_lines
 from twinkle_client import APIError, TwinkleClient
 
 EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT = 1, 2, 3
@@ -103,16 +103,7 @@ class StepProgress:
 
 
 def _progress_line(job: dict[str, Any]) -> str:
-    p = job.get("progress") or {}
-    step, total = p.get("step") or 0, p.get("total_steps")
-    pct = p.get("percent")
-    bar = ""
-    if pct is not None:
-        filled = int(pct / 5)
-        bar = "[" + "#" * filled + "." * (20 - filled) + f"] {pct:5.1f}% "
-    loss = f" loss {p['loss']:.4f}" if p.get("loss") is not None else ""
-    eta = f" eta {int(p['eta_seconds'])}s" if p.get("eta_seconds") is not None else ""
-    return f"{job['status']:<10} {bar}step {step}/{total or '?'}{loss}{eta}"
+    return f"{job['status']:<10} {progress_text(job.get('progress') or {})}"
 
 
 def handle_api_errors(f: Any) -> Any:

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from twinkle_core.spec import JobSpec
 
 # What users of other trainers call a setting, and where it lives in a spec (a key spelled as a
-# field of another section needs no entry: `meant_instead` finds that section by itself).
+# field of another section needs no entry, and has none: `meant_instead` finds that section).
 FAMILIAR_NAMES: dict[str, str] = {
     "learning_rate": "optimizer.lr",
     "adam_epsilon": "optimizer.eps",
@@ -76,9 +76,10 @@ def _sections() -> dict[str, type[BaseModel]]:
     return found
 
 
-def meant_instead(path: Sequence[str | int]) -> str | None:
-    """The spec field (`spec.section.key`) most likely meant by the unknown key at `path` (relative
-    to the spec, e.g. `("training", "max_step")`), or None when nothing is close."""
+def meant_instead(path: Sequence[str | int], root: str = "spec") -> str | None:
+    """The spec field (`<root>.section.key`) most likely meant by the unknown key at `path`
+    (relative to the spec, e.g. `("training", "max_step")`), or None when nothing is close. `root`
+    is what the caller's users call the spec (`twinkle_spec` in the OpenAI layer)."""
     if not path:
         return None
     *where, key = (str(part) for part in path)
@@ -87,14 +88,12 @@ def meant_instead(path: Sequence[str | int]) -> str | None:
         return None
     close = get_close_matches(key, list(model.model_fields), n=1, cutoff=_CLOSE_ENOUGH)
     if close:
-        return ".".join(["spec", *where, close[0]])
+        return ".".join([root, *where, close[0]])
     elsewhere = [f"{name}.{key}" for name, section in _sections().items() if key in section.model_fields]
     if len(elsewhere) == 1:
-        return f"spec.{elsewhere[0]}"
-    familiar = FAMILIAR_NAMES.get(key.lower())
-    if familiar is not None and familiar.split(".") != [*where, key]:
-        return f"spec.{familiar}"
-    return None
+        return f"{root}.{elsewhere[0]}"
+    familiar = FAMILIAR_NAMES.get(key.lower())  # never a spec field's own name: no loop back
+    return None if familiar is None else f"{root}.{familiar}"
 
 
 def unknown_field_message(path: Sequence[str | int]) -> str:

@@ -109,9 +109,10 @@ def to_job_create(body: FineTuningJobCreate) -> JobCreate:
         message = str(first["msg"]).removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             message = "unknown field"
-            meant = meant_instead(first["loc"][1:]) if first["loc"][:1] == ("spec",) else None
-            if meant is not None:  # where the user wrote it: inside twinkle_spec
-                message += f" (did you mean 'twinkle_spec.{meant.removeprefix('spec.')}'?)"
+            in_spec = first["loc"][:1] == ("spec",)  # named where the user wrote it: twinkle_spec
+            meant = meant_instead(first["loc"][1:], root="twinkle_spec") if in_spec else None
+            if meant is not None:
+                message += f" (did you mean '{meant}'?)"
         raise InvalidRequest(f"{param}: {message}", param=param) from exc
 
 

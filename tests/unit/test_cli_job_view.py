@@ -36,7 +36,7 @@ def test_a_running_job() -> None:
     assert describe_job(_job()) == [
         "job-1  running  support-bot",
         "base model  /models/Qwen3-0.6B  (full fine-tune)",
-        "progress    step 40/200 (20%), loss 1.2346, eta 95s",
+        "progress    [####................]  20.0% step 40/200 loss 1.2346 eta 95s",
         "times       created 2026-12-06 06:00:00Z, started 2026-12-06 06:00:05Z",
         "actions     pause, cancel, clone",
     ]
@@ -58,7 +58,7 @@ def test_a_succeeded_lora_job_names_its_checkpoints_and_its_model() -> None:
     assert lines == [
         "job-1  succeeded  support-bot",
         "base model  /models/Qwen3-0.6B  (LoRA r=16)",
-        "progress    step 200/200 (100%), loss 0.5000",
+        "progress    [####################] 100.0% step 200/200 loss 0.5000",
         f"checkpoint  step 200  {CKPT}/step-200",
         f"best        step 150  {CKPT}/step-150",
         "model       ft:Qwen3-0.6B:support-bot:job-1  (twinkle-jobs chat job-1)",
@@ -105,7 +105,7 @@ def test_a_queued_job_from_a_list_without_its_spec() -> None:
     )
     assert lines == [
         "job-1  queued",
-        "progress    step 0",
+        "progress    step 0/?",
         "queue       position 2",
         "engine      slurm - (-)",
         "times       created 2026-12-06 06:00:00Z",

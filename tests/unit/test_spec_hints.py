@@ -8,7 +8,13 @@ from __future__ import annotations
 import pytest
 
 from twinkle_core.spec import JobSpec
-from twinkle_core.spec_hints import FAMILIAR_NAMES, _model_at, meant_instead, unknown_field_message
+from twinkle_core.spec_hints import (
+    FAMILIAR_NAMES,
+    _model_at,
+    _sections,
+    meant_instead,
+    unknown_field_message,
+)
 
 
 @pytest.mark.parametrize(
@@ -42,6 +48,10 @@ def test_no_guess_where_none_is_good(path: tuple[str, ...]) -> None:
     assert meant_instead(path) is None
 
 
+def test_the_guess_is_spelled_under_the_callers_name_for_the_spec() -> None:
+    assert meant_instead(("training", "lr"), root="twinkle_spec") == "twinkle_spec.optimizer.lr"
+
+
 def test_the_message_names_the_key_and_the_guess() -> None:
     assert unknown_field_message(["training", "max_step"]) == (
         "unknown field 'spec.training.max_step' (did you mean 'spec.training.max_steps'?)"
@@ -50,7 +60,9 @@ def test_the_message_names_the_key_and_the_guess() -> None:
 
 
 def test_every_familiar_name_points_at_a_spec_field() -> None:
+    fields = {field for section in _sections().values() for field in section.model_fields}
     for name, target in FAMILIAR_NAMES.items():
+        assert name not in fields, name  # a spec's own field name is found without the table
         *section, field = target.split(".")
         model = _model_at(section)
         assert model is not None and field in model.model_fields, name
