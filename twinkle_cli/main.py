@@ -17,6 +17,7 @@ from jobcore.settings import get_settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="twinkle-jobs", prog_name="twinkle-jobs")
 def cli() -> None:
     """Twinkle Jobs: a self-hosted fine-tuning service."""
 

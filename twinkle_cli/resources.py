@@ -45,8 +45,10 @@ class Connection:
 def _group(f: Any) -> Any:
     """A resource group carrying the server URL and token options (also from the environment)."""
 
-    @click.option("--url", envvar="TWINKLE_URL", default="http://127.0.0.1:8000", show_default=True)
-    @click.option("--token", envvar="TWINKLE_TOKEN", default=None, help="API token (or TWINKLE_TOKEN)")
+    @click.option(
+        "--url", envvar="TWINKLE_URL", default="http://127.0.0.1:8000", show_default=True, show_envvar=True
+    )
+    @click.option("--token", envvar="TWINKLE_TOKEN", default=None, show_envvar=True, help="API token")
     @click.pass_context
     def group(ctx: click.Context, url: str, token: str | None) -> None:
         ctx.obj = Connection(url, token)
@@ -64,8 +66,9 @@ def _emit(obj: Any, output: str, text_lines: Iterable[str]) -> None:
             click.echo(line)
 
 
-def load_job_file(path: Path) -> dict[str, Any]:
-    """A YAML or JSON file holding either a job body (with `spec`) or a bare JobSpec."""
+def load_job_file(path: Path, overrides: Iterable[str] = ()) -> dict[str, Any]:
+    """A YAML or JSON file holding either a job body (with `spec`) or a bare JobSpec, as a job
+    body, with `--set` overrides merged into its spec (an override wins over the file)."""
     try:
         raw = (
             yaml.safe_load(path.read_text())
@@ -76,7 +79,11 @@ def load_job_file(path: Path) -> dict[str, Any]:
         raise click.BadParameter(f"{path}: not valid YAML/JSON: {exc}", param_hint="-f") from exc
     if not isinstance(raw, dict):
         raise click.BadParameter(f"{path}: expected a mapping at the top level", param_hint="-f")
-    return raw if "spec" in raw else {"spec": raw}
+    body = raw if "spec" in raw else {"spec": raw}
+    if not isinstance(body["spec"], dict):
+        raise click.BadParameter(f"{path}: `spec` must be a mapping", param_hint="-f")
+    merge_overrides(body["spec"], parse_overrides(overrides))
+    return body
 
 
 class StepProgress:
@@ -126,17 +133,27 @@ def jobs() -> None:
     """Submit, watch and control training jobs."""
 
 
+SPEC_OVERRIDES = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Spec override, e.g. training.max_steps=100 (repeatable)",
+)
+
+
 @jobs.command("validate")
 @click.option(
     "-f", "--file", "path", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True
 )
+@SPEC_OVERRIDES
 @OUTPUT
-def jobs_validate(path: Path, output: str) -> None:
+def jobs_validate(path: Path, overrides: tuple[str, ...], output: str) -> None:
     """Check a spec file locally without submitting it; prints the resolved spec."""
     from twinkle_core.spec import JobSpec
     from twinkle_core.spec_hints import unknown_field_message
 
-    body = load_job_file(path)
+    body = load_job_file(path, overrides)
     try:
         spec = JobSpec.model_validate(body["spec"])
     except ValidationError as exc:
@@ -156,6 +173,7 @@ def jobs_validate(path: Path, output: str) -> None:
 @click.option(
     "-f", "--file", "path", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True
 )
+@SPEC_OVERRIDES
 @click.option("--name", default=None)
 @click.option("--wait", is_flag=True, help="Wait for the end; exit non-zero unless it succeeded")
 @click.option("--follow", is_flag=True, help="Print events as they happen (implies --wait)")
@@ -166,14 +184,15 @@ def jobs_validate(path: Path, output: str) -> None:
 def jobs_submit(
     ctx: click.Context,
     path: Path,
+    overrides: tuple[str, ...],
     name: str | None,
     wait: bool,
     follow: bool,
     timeout: float | None,
     output: str,
 ) -> None:
-    """Submit a job from a YAML/JSON file."""
-    body = load_job_file(path)
+    """Submit a job from a YAML/JSON file, with `--set` overrides merged into its spec."""
+    body = load_job_file(path, overrides)
     if name:
         body["name"] = name
     client = _client(ctx)
@@ -315,7 +334,7 @@ def jobs_resume(ctx: click.Context, job_id: str, checkpoint: str | None, output:
 
 @jobs.command("clone")
 @click.argument("job_id")
-@click.option("--set", "overrides", multiple=True, help="Spec override, e.g. training.max_steps=100")
+@SPEC_OVERRIDES
 @click.option("--name", default=None)
 @OUTPUT
 @click.pass_context
@@ -329,18 +348,40 @@ def jobs_clone(
 
 
 def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
-    """`a.b.c=value` pairs into a nested dict; values are parsed as YAML scalars (3, 1e-4, true)."""
+    """`a.b.c=value` pairs into a nested dict; values are parsed as YAML (3, 1e-4, true, [q, v])."""
+
+    def bad(message: str) -> click.BadParameter:
+        return click.BadParameter(message, param_hint="--set")
+
     result: dict[str, Any] = {}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--set")
+        key, sep, text = pair.partition("=")
+        parts = key.split(".")
+        if not sep or not all(parts):
+            raise bad(f"expected KEY=VALUE with KEY like training.max_steps, got {pair!r}")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise bad(f"{key}: {text!r} is not a YAML value ({exc})") from exc
         node = result
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(value)
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):  # `a=1 a.b=2`: a is a value and a section at once
+                raise bad(f"{'.'.join(parts[: depth + 1])} is set to a value and used as a section")
+            node = child
+        node[parts[-1]] = value
     return result
+
+
+def merge_overrides(spec: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Merge `overrides` into `spec` in place, section by section: `training.lr=1` replaces only
+    that field of the file's `training`, and a value replaces a section whole."""
+    for key, value in overrides.items():
+        current = spec.get(key)
+        if isinstance(value, dict) and isinstance(current, dict):
+            merge_overrides(current, value)
+        else:
+            spec[key] = value
 
 
 @jobs.command("logs")

@@ -36,6 +36,10 @@ FAMILIAR_NAMES: dict[str, str] = {
     "lr_scheduler_type": "scheduler.name",
     "model_name_or_path": "model.model_id",
     "tokenizer_name_or_path": "model.tokenizer_id",
+    "lora": "adapter",  # the section's name in LLaMA-Factory's and ms-swift's talk
+    "peft": "adapter",
+    "bf16": "model.mixed_precision",
+    "fp16": "model.mixed_precision",
     "lora_rank": "adapter.r",
     "lora_r": "adapter.r",
     "lora_target": "adapter.target_modules",

@@ -29,6 +29,8 @@ from twinkle_core.spec_hints import (
         (("adapter", "lora_rank"), "spec.adapter.r"),  # the adapter section is optional
         (("model", "model_name_or_path"), "spec.model.model_id"),
         (("data", "cutoff_len"), "spec.data.max_length"),  # LLaMA-Factory's
+        (("lora",), "spec.adapter"),  # a section under another tool's name
+        (("training", "bf16"), "spec.model.mixed_precision"),
     ],
 )
 def test_the_field_that_was_meant(path: tuple[str, ...], meant: str) -> None:
@@ -61,9 +63,9 @@ def test_the_message_names_the_key_and_the_guess() -> None:
 
 def test_every_familiar_name_points_at_a_spec_field() -> None:
     fields = {field for section in _sections().values() for field in section.model_fields}
+    fields |= set(JobSpec.model_fields)
     for name, target in FAMILIAR_NAMES.items():
         assert name not in fields, name  # a spec's own field name is found without the table
         *section, field = target.split(".")
         model = _model_at(section)
         assert model is not None and field in model.model_fields, name
-        assert model is not JobSpec

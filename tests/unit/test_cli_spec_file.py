@@ -1,0 +1,88 @@
+"""A spec file with `--set` overrides, as `jobs validate` and `jobs submit` read it (a pipeline
+keeps one file and varies a field per run), and the command's `--version`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from test_api_support import *  # noqa: F403
+from test_api_support import BOOTSTRAP, Api, spec_body
+from test_cli_admin import client_of
+
+from twinkle_cli import resources
+from twinkle_cli.main import cli
+
+
+@pytest.fixture()
+def spec_file(tmp_path: Path) -> Path:
+    path = tmp_path / "job.yaml"
+    body = spec_body(spec={**spec_body()["spec"], "training": {"max_steps": 4, "batch_size": 2}})
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def validate(spec_file: Path, *overrides: str) -> tuple[int, str]:
+    args = ["jobs", "validate", "-f", str(spec_file), "-o", "json"]
+    for override in overrides:
+        args += ["--set", override]
+    result = CliRunner().invoke(cli, args)
+    return result.exit_code, result.output
+
+
+def test_an_override_replaces_one_field_and_keeps_the_rest_of_its_section(spec_file: Path) -> None:
+    code, out = validate(
+        spec_file, "training.max_steps=9", "optimizer.lr=2e-4", "adapter.target_modules=[q_proj, v_proj]"
+    )
+    assert code == 0, out
+    spec = json.loads(out)
+    assert spec["training"]["max_steps"] == 9 and spec["training"]["batch_size"] == 2  # the file's
+    assert spec["optimizer"]["lr"] == 2e-4  # a YAML number, not the string "2e-4"
+    assert spec["adapter"]["target_modules"] == ["q_proj", "v_proj"]  # a section the file lacks
+
+
+def test_an_override_is_validated_like_the_file(spec_file: Path) -> None:
+    code, out = validate(spec_file, "training.max_stepz=9")
+    assert code == 1
+    assert "unknown field 'spec.training.max_stepz' (did you mean 'spec.training.max_steps'?)" in out
+    code, out = validate(spec_file, "training.max_steps=0")
+    assert code == 1 and "spec.training.max_steps" in out
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (("training.max_steps",), "expected KEY=VALUE"),
+        (("training..max_steps=3",), "expected KEY=VALUE"),
+        (("training=3", "training.max_steps=4"), "training is set to a value and used as a section"),
+        (("training.max_steps=[1",), "training.max_steps: '[1' is not a YAML value"),
+    ],
+)
+def test_a_malformed_override_is_a_usage_error_naming_it(
+    spec_file: Path, overrides: tuple[str, ...], message: str
+) -> None:
+    code, out = validate(spec_file, *overrides)
+    assert code == 2  # click's usage error: nothing was validated, let alone submitted
+    assert "--set" in out and message in out
+
+
+def test_submit_sends_the_file_with_the_overrides(
+    api: Api, spec_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(resources, "TwinkleClient", lambda _url, token: client_of(api, token))
+    runner = CliRunner(env={"TWINKLE_TOKEN": BOOTSTRAP, "TWINKLE_URL": "http://testserver"})
+    args = ["jobs", "submit", "-f", str(spec_file), "--set", "training.max_steps=7", "-o", "json"]
+    result = runner.invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    job = json.loads(result.output)
+    stored = api.client.get(f"/v1/jobs/{job['id']}", params={"expand": "spec"}, headers=api.admin).json()
+    assert stored["name"] == "demo"  # the file's job body, not only its spec
+    assert stored["spec"]["training"]["max_steps"] == 7 and stored["spec"]["training"]["batch_size"] == 2
+
+
+def test_version() -> None:
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.exit_code == 0 and result.output.startswith("twinkle-jobs, version ")
