@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from twinkle_cli.job_view import describe_job, job_table, progress_text, sample_lines
 from twinkle_client import APIError, TwinkleClient
+from twinkle_core.spec import merge_spec
 
 EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT = 1, 2, 3
 
@@ -82,7 +83,7 @@ def load_job_file(path: Path, overrides: Iterable[str] = ()) -> dict[str, Any]:
     body = raw if "spec" in raw else {"spec": raw}
     if not isinstance(body["spec"], dict):
         raise click.BadParameter(f"{path}: `spec` must be a mapping", param_hint="-f")
-    merge_overrides(body["spec"], parse_overrides(overrides))
+    body["spec"] = merge_spec(body["spec"], parse_overrides(overrides))
     return body
 
 
@@ -371,17 +372,6 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
             node = child
         node[parts[-1]] = value
     return result
-
-
-def merge_overrides(spec: dict[str, Any], overrides: dict[str, Any]) -> None:
-    """Merge `overrides` into `spec` in place, section by section: `training.lr=1` replaces only
-    that field of the file's `training`, and a value replaces a section whole."""
-    for key, value in overrides.items():
-        current = spec.get(key)
-        if isinstance(value, dict) and isinstance(current, dict):
-            merge_overrides(current, value)
-        else:
-            spec[key] = value
 
 
 @jobs.command("logs")

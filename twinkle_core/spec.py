@@ -7,6 +7,7 @@ spec is an error that names the field, never a silently ignored setting.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -285,3 +286,16 @@ class JobSpec(_Section):
 
     def dump(self, path: str | Path) -> None:
         Path(path).write_text(self.model_dump_json(indent=2))
+
+
+def merge_spec(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `overrides` merged in section by section, as a new dict: `{"training": {"lr":
+    1}}` replaces only that field of base's `training`, and a non-mapping value replaces whole
+    what it lands on. Clone's overrides and the CLI's `--set` both mean this."""
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_spec(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged

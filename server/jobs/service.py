@@ -7,7 +7,6 @@ Whether a user's action applies, and what it does, is `jobcore.jobs.states.ACTIO
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
@@ -44,7 +43,7 @@ from server.jobs.present import present_jobs as present_jobs  # re-exported: the
 from server.jobs.present import present_rows
 from server.jobs.references import check_spec
 from server.jobs.schemas import JobClone, JobCreate
-from twinkle_core.spec import JobSpec
+from twinkle_core.spec import JobSpec, merge_spec
 from twinkle_core.spec_hints import unknown_field_message
 
 Dispatch = Callable[[str], None]
@@ -256,16 +255,6 @@ def resume_job(
     return job
 
 
-def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    merged = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
-
-
 def clone_job(
     session: Session,
     settings: Settings,
@@ -282,7 +271,7 @@ def clone_job(
         return earlier, False
     source = get_job(session, principal, job_id)
     check_action(source.status, JobAction.CLONE)
-    merged = deep_merge(source.spec, body.spec)
+    merged = merge_spec(source.spec, body.spec)
     try:
         spec = JobSpec.model_validate(merged)
     except ValidationError as exc:
