@@ -1,9 +1,9 @@
 """`twinkle-jobs jobs|files|checkpoints ...`: the API from a terminal or a CI pipeline.
 
 Every command takes `--url`/`--token` (or TWINKLE_URL/TWINKLE_TOKEN) and `--output json` for
-scripts. `jobs submit --wait` exits 0 only when the job succeeds, so a CI step fails with the job:
-1 when it failed (or the API refused a request), 2 when it was cancelled, 3 when `--timeout`
-passed first (the job goes on).
+scripts. `jobs submit --wait` (and `jobs wait`, for a job submitted earlier) exits 0 only when the
+job succeeds, so a CI step fails with the job: 1 when it failed (or the API refused a request), 2
+when it was cancelled, 3 when `--timeout` passed first (the job goes on).
 """
 
 from __future__ import annotations
@@ -208,6 +208,24 @@ def jobs_submit(
     else:
         _wait(client, job, timeout, output)
     _finish(client.jobs.get(job["id"]), output, timeout)
+
+
+@jobs.command("wait")
+@click.argument("job_id")
+@click.option("--follow", is_flag=True, help="Print events as they happen")
+@click.option("--timeout", type=float, default=None, help="Stop waiting after this many seconds (exit 3)")
+@OUTPUT
+@click.pass_context
+@handle_api_errors
+def jobs_wait(ctx: click.Context, job_id: str, follow: bool, timeout: float | None, output: str) -> None:
+    """Wait for a submitted (or resumed) job's end; exits as `submit --wait` does."""
+    client = _client(ctx)
+    job = client.jobs.get(job_id)
+    if follow:
+        _follow(client, job_id, timeout, output)
+    else:
+        _wait(client, job, timeout, output)
+    _finish(client.jobs.get(job_id), output, timeout)
 
 
 def _follow(client: TwinkleClient, job_id: str, timeout: float | None, output: str) -> None:
