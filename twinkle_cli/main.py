@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from jobcore.settings import get_settings
+
+if TYPE_CHECKING:
+    from twinkle_cli.stack import LocalStack
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -74,16 +77,20 @@ def migrate() -> None:
 def up(host: str, port: int) -> None:
     """Run the server, a worker and a serving host together on the configured (default: embedded)
     database and broker."""
-    from twinkle_cli.stack import LocalStack
+    from twinkle_cli.stack import LocalStack, StackError
 
     stack = LocalStack(get_settings(), host=host, port=port)
     _sigterm_as_interrupt()
     try:
         stack.start()
-        click.echo(f"Twinkle Jobs is up at {stack.url}  (dashboard: {stack.url}/)")
-        click.echo(f"API token: {stack.token}")
-        click.echo(f"data dir:  {stack.settings.data_dir}   (Ctrl-C stops them all)")
+        ready = stack.wait_ready()
+        if stack.exited() is None:
+            _print_up_banner(stack, ready)
         code = stack.wait()
+        click.echo(f"the {stack.exited()} process exited (code {code}); stopping the others", err=True)
+    except StackError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        code = 1
     except KeyboardInterrupt:
         code = 0  # Ctrl-C or SIGTERM: the stop that was asked for, not a failure
     finally:
@@ -103,7 +110,7 @@ def up(host: str, port: int) -> None:
 def demo(url: str | None, token: str | None, steps: int, nproc: int, timeout: float) -> None:
     """Fine-tune a tiny local model end to end through the API and print the checkpoint path."""
     from twinkle_cli.demo import run_demo
-    from twinkle_cli.stack import LocalStack, free_port
+    from twinkle_cli.stack import LocalStack, StackError, free_port
 
     settings = get_settings()
     if url:
@@ -113,12 +120,25 @@ def demo(url: str | None, token: str | None, steps: int, nproc: int, timeout: fl
     stack = LocalStack(settings, port=free_port(), quiet=True)
     _sigterm_as_interrupt()
     click.echo(f"starting a local server and worker (data dir {settings.data_dir}, logs in its logs/)")
-    stack.start()
     try:
+        stack.start()
         code = run_demo(stack.url, stack.token, settings, steps, nproc, timeout)
+    except StackError as exc:
+        raise click.ClickException(str(exc)) from None
     finally:
         stack.stop()
     sys.exit(code)
+
+
+def _print_up_banner(stack: LocalStack, ready: dict[str, str | None]) -> None:
+    # After the children's start-up output, so that these lines are the last on the screen.
+    click.echo(f"\nTwinkle Jobs is up at {stack.url}  (dashboard: {stack.url}/)")
+    click.echo(f"API token: {stack.token}")
+    click.echo(f"data dir:  {stack.settings.data_dir}   (Ctrl-C stops them all)")
+    for part, description in ready.items():
+        state = f"ready ({description})" if description else "not registered yet: see its output above"
+        click.echo(f"{part + ':':<10} {state}")
+    click.echo(f"From a shell: export TWINKLE_URL={stack.url} TWINKLE_TOKEN={stack.token}")
 
 
 def _sigterm_as_interrupt() -> None:

@@ -16,11 +16,20 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 import httpx
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
+from jobcore.db.models import ServingHost, WorkerNode
+from jobcore.db.session import session_scope
 from jobcore.gpu_leases import discover_gpus
 from jobcore.settings import Settings
+
+
+class StackError(RuntimeError):
+    """The local stack could not start; the message says why and what to do."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -53,6 +62,8 @@ class LocalStack:
     quiet: bool = False
     serve: bool = True  # an inference host (`twinkle-jobs serve`), so /v1/chat/completions answers
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    commands: dict[int, str] = field(default_factory=dict)  # pid -> server | worker | serve
+    started_at: datetime | None = None
 
     @property
     def url(self) -> str:
@@ -75,9 +86,14 @@ class LocalStack:
             [sys.executable, "-m", "twinkle_cli.main", *args], env=env, stdout=out, stderr=out
         )
         self.procs.append(proc)
+        self.commands[proc.pid] = args[0]
         return proc
 
     def start(self, timeout: float = 60.0) -> None:
+        """Start the children; raises StackError when the server cannot start (and leaves
+        nothing running: `stop` is the caller's, in a finally)."""
+        self._check_port_free()
+        self.started_at = datetime.now(UTC)
         self._spawn("server", "--host", self.host, "--port", str(self.port), log_name="server.log")
         self._wait_healthy(timeout)
         worker_args = ["worker"]
@@ -100,20 +116,74 @@ class LocalStack:
             args += ["--gpus", "0"]
         return args
 
+    def _check_port_free(self) -> None:
+        # Another process listening there would answer our health check for a server that
+        # failed to bind (and exited), and the stack would look up until that exit stopped it.
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            try:
+                sock.bind((self.host, self.port))
+            except OSError as exc:
+                raise StackError(
+                    f"{self.host}:{self.port} is in use ({exc.strerror}): another server, or another "
+                    "`twinkle-jobs up`? Stop it, or choose another --port"
+                ) from None
+
+    def exited(self) -> str | None:
+        """Which child has exited, if one has: `server`, `worker` or `serve`."""
+        for proc in self.procs:
+            if proc.poll() is not None:
+                return self.commands[proc.pid]
+        return None
+
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if any(p.poll() is not None for p in self.procs):
-                raise RuntimeError(
-                    f"the server exited during start-up; see {self.settings.data_dir / 'logs'}"
-                )
+                where = self.settings.data_dir / "logs" if self.quiet else "its output above"
+                raise StackError(f"the server exited during start-up; see {where}")
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise TimeoutError(f"the server did not answer /healthz within {timeout:.0f} s")
+        raise StackError(f"the server did not answer /healthz within {timeout:.0f} s")
+
+    def wait_ready(self, timeout: float = 120.0) -> dict[str, str | None]:
+        """Wait until the worker and the inference host have registered, as the server sees them
+        (their rows in the database), so that what is printed next can be used at once. Returns,
+        per part, a description of it, or None for one that had not registered by the timeout
+        (or exited: `wait` then returns its exit code)."""
+        ready: dict[str, str | None] = {"worker": None, "inference": None} if self.serve else {"worker": None}
+        deadline = time.monotonic() + timeout
+        while None in ready.values() and time.monotonic() < deadline and self.exited() is None:
+            with session_scope(self.settings.resolved_database_url) as session:
+                found = self._registered(session)
+            ready = {part: found[part] for part in ready}
+            time.sleep(0.3)
+        return ready
+
+    def _registered(self, session: Session) -> dict[str, str | None]:
+        assert self.started_at is not None, "start() first"
+
+        def slots(n: int) -> str:
+            return f"{n} slot{'s' * (n != 1)}"
+
+        # A row of an earlier process with the same pid is older. A process's start time is known
+        # to about a second (the kernel gives its boot time in whole seconds), hence the margin.
+        since = self.started_at - timedelta(seconds=2)
+        worker = session.scalars(
+            select(WorkerNode).where(WorkerNode.pid == self.procs[1].pid, WorkerNode.started_at >= since)
+        ).first()
+        host = session.scalars(select(ServingHost).where(ServingHost.started_at >= self.started_at)).first()
+        found: dict[str, str | None] = {"worker": None, "inference": None}
+        if worker is not None:
+            where = f"GPUs {', '.join(map(str, worker.gpus))}" if worker.gpus else "CPU"
+            found["worker"] = f"{where}, {slots(worker.slots)}"
+        if host is not None:
+            found["inference"] = f"{host.engine}, {slots(host.slots)}"
+        return found
 
     def wait(self) -> int:
         """Block until a child exits (or we are interrupted); return its exit code."""

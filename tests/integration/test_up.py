@@ -1,5 +1,7 @@
-"""`twinkle-jobs up` as a user runs it: one command starts a server and a worker on the embedded
-defaults, prints the URL and the token to use, and on SIGTERM stops everything it started.
+"""`twinkle-jobs up` as a user runs it: one command starts a server, a worker and an inference
+host on the embedded defaults, prints the URL and the token to use once all three are ready, and
+on SIGTERM stops everything it started. A port in use is an error that says so, not a stack that
+looks up and then stops.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -67,12 +70,16 @@ def test_up_prints_a_working_url_and_token_and_stops_everything(tmp_path: Path) 
         assert httpx.get(f"{url}/v1/jobs", timeout=10).status_code == 401
         listed = httpx.get(f"{url}/v1/jobs", headers=auth, timeout=10)
         assert listed.status_code == 200 and listed.json()["data"] == []
-        # The worker half is up too: it registers itself within a short while.
-        deadline = time.monotonic() + 120
-        while not httpx.get(f"{url}/v1/workers", headers=auth, timeout=10).json()["data"]:
-            assert time.monotonic() < deadline, "".join(seen)
-            assert up.poll() is None, "".join(seen)
-            time.sleep(0.5)
+        # The banner comes once the worker and the inference host have registered, so both are
+        # usable by the time a user reads it.
+        assert _wait_for(lines, r"worker: +ready \((.*)\)", seen, timeout=10).group(1) == "CPU, 1 slot"
+        assert _wait_for(lines, r"inference: ready \((\w+)", seen, timeout=10).group(1) == "transformers"
+        export = _wait_for(lines, r"From a shell: export (.*)", seen, timeout=10).group(1)
+        assert export == f"TWINKLE_URL={url} TWINKLE_TOKEN={token}"
+        workers = httpx.get(f"{url}/v1/workers", headers=auth, timeout=10).json()["data"]
+        assert [w["status"] for w in workers] == ["online"]
+        models = httpx.get(f"{url}/v1/models", headers=auth, timeout=10)
+        assert models.status_code == 200
 
         started = psutil.Process(up.pid).children(recursive=True)
         assert len(started) >= 2  # the server and the worker, and whatever they started
@@ -87,3 +94,22 @@ def test_up_prints_a_working_url_and_token_and_stops_everything(tmp_path: Path) 
     assert up.returncode == 0, "".join(seen)  # a requested stop is not a failure
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/healthz", timeout=2)
+
+
+def test_up_on_a_port_in_use_says_so_and_starts_nothing(tmp_path: Path) -> None:
+    env = {**os.environ, "TWINKLE_DATA_DIR": str(tmp_path / "data")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "twinkle_cli.main", "up", "--port", str(port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"127.0.0.1:{port} is in use" in result.stderr and "--port" in result.stderr
+    assert "is up" not in result.stdout
+    assert not (tmp_path / "data" / "logs").exists()  # no child was started
