@@ -55,9 +55,10 @@ def beat() -> None:
     """Run only the reconciler schedule (Celery beat); one per deployment next to `worker --no-beat`."""
     import logging
 
-    from worker.celery_app import make_celery
+    from worker.celery_app import make_celery, quiet_routine_task_logs
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_routine_task_logs()
     make_celery(get_settings()).start(["beat", "--loglevel=INFO"])
 
 

@@ -12,16 +12,43 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import Celery
 
 from jobcore.broker import QUEUE, WAKE_TASK, install_embedded_broker
 from jobcore.settings import Settings, get_settings
 
-__all__ = ["QUEUE", "RECONCILE_TASK", "WAKE_TASK", "make_celery"]
+__all__ = ["QUEUE", "RECONCILE_TASK", "WAKE_TASK", "make_celery", "quiet_routine_task_logs"]
 
 RECONCILE_TASK = "worker.reconcile"
 
 install_embedded_broker()
+
+
+# The loggers through which Celery reports each run of a task: beat sending it, the worker
+# receiving it, and its end.
+_TASK_RUN_LOGGERS = ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+
+
+class _RoutineReconcileFilter(logging.Filter):
+    """Drops Celery's INFO lines about the reconciler's scheduled runs: three lines every
+    `stale_after_seconds / 2` buried a worker's log (and `twinkle-jobs up`'s terminal) in routine,
+    while the reconciler logs a warning itself for whatever it does. A failed run is an ERROR
+    and stays; so do the lines of every other task (a job's wake-up)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or RECONCILE_TASK not in record.getMessage()
+
+
+_ROUTINE_FILTER = _RoutineReconcileFilter()
+
+
+def quiet_routine_task_logs() -> None:
+    for name in _TASK_RUN_LOGGERS:
+        logger = logging.getLogger(name)
+        if _ROUTINE_FILTER not in logger.filters:
+            logger.addFilter(_ROUTINE_FILTER)
 
 
 def make_celery(settings: Settings) -> Celery:

@@ -23,7 +23,7 @@ from celery.signals import beat_embedded_init, worker_shutting_down
 from jobcore.db.migrate import wait_for_schema
 from jobcore.settings import Settings, get_settings
 from worker.agent import WorkerAgent, set_current_agent
-from worker.celery_app import make_celery
+from worker.celery_app import make_celery, quiet_routine_task_logs
 
 # Threads that run wake-up tasks; each returns within a second, so a few are plenty.
 TASK_THREADS = 2
@@ -67,6 +67,7 @@ def run_worker(settings: Settings, concurrency: int | None = None, beat: bool = 
     _worker_pid = os.getpid()
     _shutdown_requested.clear()  # a request belongs to one run, not to the module
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_routine_task_logs()
     # Started before the server migrated a fresh database (any order is fine): wait for the schema.
     if not wait_for_schema(settings.resolved_database_url, _shutdown_requested.is_set):
         return
