@@ -93,8 +93,10 @@ def is_interactive() -> bool:
 @click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0.0, max=2.0), default=0.7, show_default=True)
 @click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--url", envvar="TWINKLE_URL", default="http://127.0.0.1:8000", show_default=True)
-@click.option("--token", envvar="TWINKLE_TOKEN", default=None, help="API token (or TWINKLE_TOKEN)")
+@click.option(
+    "--url", envvar="TWINKLE_URL", default="http://127.0.0.1:8000", show_default=True, show_envvar=True
+)
+@click.option("--token", envvar="TWINKLE_TOKEN", default=None, show_envvar=True, help="API token")
 def chat(
     job_id: str,
     step: int | None,

@@ -45,7 +45,11 @@ def demo_spec(model_dir: Path, dataset: Path, steps: int, nproc: int) -> dict[st
     }
 
 
-def run_demo(url: str, token: str, settings: Settings, steps: int, nproc: int, timeout: float) -> int:
+def run_demo(
+    url: str, token: str, settings: Settings, steps: int, nproc: int, timeout: float, *, own_stack: bool
+) -> int:
+    """The demo against the server at `url`; `own_stack` when the demo started that server (and
+    stops it at the end), not a user's running one."""
     model_dir, dataset = prepare_assets(settings)
     # Printed so that a second job (from the dashboard's form or the CLI) can reuse them.
     click.echo(f"model:   {model_dir}\ndataset: {dataset}")
@@ -82,9 +86,14 @@ def run_demo(url: str, token: str, settings: Settings, steps: int, nproc: int, t
     checkpoint = (job.get("latest_checkpoint") or {}).get("path")
     click.echo(f"final checkpoint: {checkpoint}")
     click.echo(f"model name: {job.get('fine_tuned_model')}")
-    # What a new user does next: the same data dir keeps the job, so `up` serves it.
-    click.echo(
-        "next: `twinkle-jobs up` (same data dir) serves the dashboard and this model; then "
-        f"`twinkle-jobs chat {job['id']}`, or any OpenAI client with that model name"
-    )
+    # What a new user does next: the same data dir keeps the job, so `up` serves it; a server the
+    # user named with --url serves it already.
+    chat = f"`twinkle-jobs chat {job['id']}`"
+    if own_stack:
+        click.echo(
+            f"next: `twinkle-jobs up` (same data dir) serves the dashboard and this model; then {chat}, "
+            "or any OpenAI client with that model name"
+        )
+    else:
+        click.echo(f"next: {chat} (with TWINKLE_URL={url}), or any OpenAI client with that model name")
     return 0

@@ -104,7 +104,7 @@ def up(host: str, port: int) -> None:
 
 @cli.command()
 @click.option("--url", default=None, help="Use a running server instead of starting one")
-@click.option("--token", envvar="TWINKLE_TOKEN", default=None, help="API token for --url")
+@click.option("--token", envvar="TWINKLE_TOKEN", default=None, show_envvar=True, help="API token for --url")
 @click.option("--steps", default=8, show_default=True, type=int)
 @click.option("--nproc", default=2, show_default=True, type=int, help="Training processes (torchrun)")
 @click.option("--timeout", default=600.0, show_default=True, type=float, help="Seconds to wait for the job")
@@ -117,13 +117,13 @@ def demo(url: str | None, token: str | None, steps: int, nproc: int, timeout: fl
     if url:
         if not token:
             raise click.UsageError("--token (or TWINKLE_TOKEN) is required with --url")
-        sys.exit(run_demo(url, token, settings, steps, nproc, timeout))
+        sys.exit(run_demo(url, token, settings, steps, nproc, timeout, own_stack=False))
     stack = LocalStack(settings, port=free_port(), quiet=True)
     _sigterm_as_interrupt()
     click.echo(f"starting a local server and worker (data dir {settings.data_dir}, logs in its logs/)")
     try:
         stack.start()
-        code = run_demo(stack.url, stack.token, settings, steps, nproc, timeout)
+        code = run_demo(stack.url, stack.token, settings, steps, nproc, timeout, own_stack=True)
     except StackError as exc:
         raise click.ClickException(str(exc)) from None
     finally:

@@ -42,8 +42,16 @@ class Via:
 
 
 @click.group()
-@click.option("--url", envvar="TWINKLE_URL", default="http://127.0.0.1:8000", show_default=True)
-@click.option("--token", envvar="TWINKLE_TOKEN", default=None, help="Admin API token: go through the server")
+@click.option(
+    "--url", envvar="TWINKLE_URL", default="http://127.0.0.1:8000", show_default=True, show_envvar=True
+)
+@click.option(
+    "--token",
+    envvar="TWINKLE_TOKEN",
+    default=None,
+    show_envvar=True,
+    help="Admin API token: go through the server",
+)
 @click.option("--database", is_flag=True, help="Use the database directly even if a token is given")
 @click.pass_context
 def tokens(ctx: click.Context, url: str, token: str | None, database: bool) -> None:

@@ -107,6 +107,7 @@ def test_installed_service_migrates_and_runs_the_demo(installed: Path, tmp_path:
     # ... and the name to call it by once `twinkle-jobs up` serves it.
     job_id = re.search(r"job (job-\w+) succeeded", result.stdout)
     assert job_id and f"model name: ft:tiny-llama:demo:{job_id.group(1)}" in result.stdout
+    assert "next: `twinkle-jobs up` (same data dir) serves the dashboard and this model" in result.stdout
     # The demo stops what it started: no server, worker or trainer of this data dir is left running.
     assert _processes_with_data_dir(str(data_dir)) == []
 

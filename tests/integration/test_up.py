@@ -45,6 +45,11 @@ def _wait_for(lines: queue.Queue[str], pattern: str, seen: list[str], timeout: f
     raise TimeoutError(f"no line matching {pattern!r} in:\n{''.join(seen)}")
 
 
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "twinkle_cli.main", *args]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+
+
 def test_up_prints_a_working_url_and_token_and_stops_everything(tmp_path: Path) -> None:
     env = {**os.environ, "TWINKLE_DATA_DIR": str(tmp_path / "data"), "HF_HUB_OFFLINE": "1"}
     for name in ("TWINKLE_DATABASE_URL", "TWINKLE_BROKER_URL", "TWINKLE_BOOTSTRAP_TOKEN"):
@@ -78,8 +83,18 @@ def test_up_prints_a_working_url_and_token_and_stops_everything(tmp_path: Path) 
         assert export == f"TWINKLE_URL={url} TWINKLE_TOKEN={token}"
         workers = httpx.get(f"{url}/v1/workers", headers=auth, timeout=10).json()["data"]
         assert [w["status"] for w in workers] == ["online"]
-        models = httpx.get(f"{url}/v1/models", headers=auth, timeout=10)
-        assert models.status_code == 200
+
+        # The demo against this running stack, then the model it trained, through the stack's
+        # host: what a user does with the banner's export line.
+        cli_env = {**env, "TWINKLE_URL": url, "TWINKLE_TOKEN": token}
+        demo = _cli(cli_env, "demo", "--url", url, "--steps", "1", "--nproc", "1")
+        assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:] + "".join(seen)
+        job_id = re.search(r"job (job-\w+) succeeded", demo.stdout)
+        assert job_id, demo.stdout
+        # It does not send the user to start the stack that is already serving the model.
+        assert f"next: `twinkle-jobs chat {job_id.group(1)}` (with TWINKLE_URL={url})" in demo.stdout
+        chat = _cli(cli_env, "chat", job_id.group(1), "-p", "hi", "--max-tokens", "3")
+        assert chat.returncode == 0, chat.stdout + chat.stderr
 
         started = psutil.Process(up.pid).children(recursive=True)
         assert len(started) >= 2  # the server and the worker, and whatever they started
