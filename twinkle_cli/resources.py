@@ -396,17 +396,52 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
 @click.argument("job_id")
 @click.option("--lines", "-n", default=200, show_default=True, help="Lines from the end of each log")
 @click.option("--attempt", type=int, default=None, help="Which attempt (default: the latest)")
+@click.option(
+    "--follow", "-f", is_flag=True, help="Keep printing the job's log as it is written, until the job ends"
+)
+@click.option("--timeout", type=float, default=None, help="With --follow: stop after this many s (exit 3)")
 @OUTPUT
 @click.pass_context
 @handle_api_errors
-def jobs_logs(ctx: click.Context, job_id: str, lines: int, attempt: int | None, output: str) -> None:
-    """Print the tail of the job's logs (launcher and every rank)."""
+def jobs_logs(
+    ctx: click.Context,
+    job_id: str,
+    lines: int,
+    attempt: int | None,
+    follow: bool,
+    timeout: float | None,
+    output: str,
+) -> None:
+    """Print the tail of the job's logs (launcher and every rank), or follow them."""
+    if follow:
+        if attempt is not None:
+            raise click.UsageError("--follow follows the latest attempt; --attempt reads an earlier one")
+        _follow_logs(_client(ctx), job_id, lines, timeout, output)
+        return
     logs = _client(ctx).jobs.logs(job_id, lines, attempt)
     text: list[str] = []
     for log in logs["files"]:
         text.append(f"==> {log['name']}{' (tail)' if log.get('truncated') else ''} <==")
         text.extend(log["lines"])
     _emit(logs, output, text)
+
+
+def _follow_logs(client: TwinkleClient, job_id: str, lines: int, timeout: float | None, output: str) -> None:
+    """Each line as it is written (`-o json`: `{"file", "line"}` per line), a header when a new
+    attempt's log begins; exits 0 once the job has ended, 3 at the timeout."""
+    shown: str | None = None
+    try:
+        for name, line in client.jobs.follow_logs(job_id, lines=lines, timeout=timeout):
+            if output == "json":
+                click.echo(json.dumps({"file": name, "line": line}))
+                continue
+            if name != shown:
+                click.echo(f"==> {name} <==")
+                shown = name
+            click.echo(line)
+    except TimeoutError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(EXIT_TIMEOUT)
 
 
 @jobs.command("artifacts")

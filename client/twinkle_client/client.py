@@ -20,6 +20,7 @@ from typing import IO, Any
 import httpx
 
 from twinkle_client.inference import Inference
+from twinkle_client.log_follow import follow_job_log
 from twinkle_client.sse import Message, read_messages
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -311,11 +312,37 @@ class Jobs(_Resource):
         result: Json = self._c.json("GET", f"/v1/jobs/{job_id}/metrics", params=clean)
         return result
 
-    def logs(self, job_id: str, lines: int = 200, attempt: int | None = None) -> Json:
-        """`{"job_id", "files": [{"name", "lines", "truncated"}]}`: the tail of each log file."""
-        params: Json = {"lines": lines} if attempt is None else {"lines": lines, "attempt": attempt}
-        result: Json = self._c.json("GET", f"/v1/jobs/{job_id}/logs", params=params)
+    def logs(
+        self,
+        job_id: str,
+        lines: int = 200,
+        attempt: int | None = None,
+        *,
+        file: str | None = None,
+        offset: int | None = None,
+    ) -> Json:
+        """`{"job_id", "files": [{"name", "lines", "truncated", "end"}]}`: the tail of each log
+        file; with `file` and `offset` (a previous answer's `end`), what that file gained since."""
+        params: Json = {"lines": lines, "attempt": attempt, "file": file, "offset": offset}
+        clean = {k: v for k, v in params.items() if v is not None}
+        result: Json = self._c.json("GET", f"/v1/jobs/{job_id}/logs", params=clean)
         return result
+
+    def follow_logs(
+        self, job_id: str, *, lines: int = 50, timeout: float | None = None, poll: float = 1.0
+    ) -> Iterator[tuple[str, str]]:
+        """`(file name, line)` of the job's log (every rank's output) as it is written: the last
+        `lines` lines first, then each new one, across retries (each attempt has its own log),
+        until the job has ended. With `timeout`, `TimeoutError` once that many seconds pass."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return follow_job_log(
+            lambda: self.get(job_id),
+            lambda name, offset, count: self.logs(job_id, count, file=name, offset=offset),
+            tail=lines,
+            poll=poll,
+            deadline=deadline,
+            on_timeout=lambda: TimeoutError(f"job {job_id} did not end within {timeout} s"),
+        )
 
     def artifacts(self, job_id: str) -> builtins.list[Json]:
         """What the job's trackers (`training.report_to`) wrote: `[{"name", "path", "files", ...}]`."""

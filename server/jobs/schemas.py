@@ -216,6 +216,10 @@ class LogFile(BaseModel):
     name: str
     lines: list[str]
     truncated: bool = Field(description="True when older lines were left out")
+    end: int = Field(
+        description="Byte offset just past the lines returned: pass it back as `offset` (with "
+        "`file`) to read only what is written after them"
+    )
 
 
 class JobLogs(BaseModel):

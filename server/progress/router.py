@@ -136,9 +136,31 @@ def get_logs(
             description="Only this rank's own logs: a global rank (node rank x nproc_per_node + local rank)",
         ),
     ] = None,
-    lines: Annotated[int, Query(ge=1, le=service.MAX_LOG_LINES, description="Lines from the end")] = 200,
+    lines: Annotated[
+        int, Query(ge=1, le=service.MAX_LOG_LINES, description="Lines from the end (from `offset` with one)")
+    ] = 200,
+    file: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=1024,
+            description="Only this file, by the name a listing gave it (`attempt-2.log`), of any attempt",
+        ),
+    ] = None,
+    offset: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=2**62,
+            description="With `file`: the lines written from this byte on (a previous answer's `end`) "
+            "instead of the tail, for following a log as it grows",
+        ),
+    ] = None,
 ) -> JobLogs:
-    """The tail of the attempt log and of each rank's log file, from every node of the job."""
+    """The tail of the attempt log and of each rank's log file, from every node of the job; or,
+    with `file` and `offset`, what one file gained since a previous read."""
+    if offset is not None and file is None:
+        raise InvalidRequest("offset needs file: an offset is a position in one file", param="offset")
     job = jobs.get_job(session, principal, job_id)
     resources = resources_of(job.spec)
     selection = service.LogSelection(
@@ -147,6 +169,10 @@ def get_logs(
         rank=rank,
         nnodes=resources.nnodes,
         nproc_per_node=resources.nproc_per_node,
+        file=file,
     )
-    files = service.read_logs(jobs.job_dir(settings, job), selection, lines)
+    try:
+        files = service.read_logs(jobs.job_dir(settings, job), selection, lines, offset)
+    except service.OffsetPastEnd as exc:
+        raise InvalidRequest(str(exc), param="offset") from None
     return JobLogs(job_id=job.id, files=files)

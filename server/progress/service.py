@@ -22,6 +22,15 @@ from server.jobs.schemas import JobEventOut, LogFile
 MAX_LOG_LINES = 5000
 # Reading backwards in blocks keeps a tail of a multi-GB log cheap.
 TAIL_BLOCK = 64 * 1024
+# What one read from an offset takes at most: a follower catches up over several reads.
+APPEND_BLOCK = 1024 * 1024
+
+
+class OffsetPastEnd(ValueError):
+    """An `offset` beyond the end of the file: not one this API returned for it."""
+
+    def __init__(self, name: str, offset: int, size: int) -> None:
+        super().__init__(f"offset {offset} is past the end of {name} ({size} bytes)")
 
 
 def present_event(event: Mapping[Any, Any]) -> dict[str, Any]:
@@ -118,11 +127,12 @@ def read_metrics(
     return {"object": "job.metrics", "job_id": job_id, "series": series}
 
 
-def tail_lines(path: Path, count: int) -> tuple[list[str], bool]:
-    """The last `count` lines of a file and whether older lines exist."""
+def tail_lines(path: Path, count: int) -> tuple[list[str], bool, int]:
+    """The last `count` lines of a file, whether older lines exist, and the file's size as read
+    (where the next read from an offset starts)."""
     with open(path, "rb") as fh:
         fh.seek(0, os.SEEK_END)
-        position = fh.tell()
+        position = size = fh.tell()
         data = b""
         while position > 0 and data.count(b"\n") <= count:
             step = min(TAIL_BLOCK, position)
@@ -131,7 +141,30 @@ def tail_lines(path: Path, count: int) -> tuple[list[str], bool]:
             data = fh.read(step) + data
     lines = data.decode("utf-8", errors="replace").splitlines()
     truncated = position > 0 or len(lines) > count
-    return lines[-count:] if count else [], truncated
+    return lines[-count:] if count else [], truncated, size
+
+
+def lines_from(path: Path, name: str, offset: int, count: int) -> tuple[list[str], int]:
+    """Up to `count` lines written at or after byte `offset`, and the offset just past them. A
+    last line still being written comes as it is (its rest comes as a line of its own later)."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if offset > size:
+            raise OffsetPastEnd(name, offset, size)
+        fh.seek(offset)
+        data = fh.read(APPEND_BLOCK)
+    if len(data) == APPEND_BLOCK and b"\n" in data:
+        data = data[: data.rfind(b"\n") + 1]  # more follows: never cut a line (or a character) short
+    pieces = data.split(b"\n")
+    lines: list[str] = []
+    consumed = 0
+    for index, piece in enumerate(pieces):
+        last = index == len(pieces) - 1
+        if (last and not piece) or len(lines) == count:
+            break
+        lines.append(piece.decode("utf-8", errors="replace").removesuffix("\r"))
+        consumed += len(piece) + (0 if last else 1)
+    return lines, offset + consumed
 
 
 @dataclass(frozen=True)
@@ -144,13 +177,15 @@ class LogSelection:
     rank: int | None = None
     nnodes: int = 1
     nproc_per_node: int = 1
+    file: str | None = None  # one file by the name a listing gave it (of any attempt)
 
 
-def read_logs(job_dir: Path, selection: LogSelection, lines: int) -> list[LogFile]:
+def read_logs(job_dir: Path, selection: LogSelection, lines: int, offset: int | None = None) -> list[LogFile]:
     """Tails of `<job_dir>/logs/attempt-<k>.log` (all ranks, teed) and of torchrun's per-rank logs
     (`logs/attempt-<k>-ranks/[node-<i>/]<run>/attempt_<r>/<local_rank>/stdout.log`), for one
     attempt: the latest unless `selection.attempt` is given. Nodes other than 0 of a multi-node job
-    log under `node-<i>/` (their torchrun output in `node-<i>/torchrun.log`)."""
+    log under `node-<i>/` (their torchrun output in `node-<i>/torchrun.log`). With an `offset`
+    (and `selection.file`), the lines written from that byte on instead of the tail."""
     logs_dir = job_dir / "logs"
     if not logs_dir.is_dir():
         return []
@@ -162,12 +197,19 @@ def read_logs(job_dir: Path, selection: LogSelection, lines: int) -> list[LogFil
         found.append((_attempt_of(relative), relative, path))
     if not found:
         return []
-    wanted = selection.attempt if selection.attempt is not None else max(a for a, _, _ in found)
-    selected = sorted((rel, path) for a, rel, path in found if a == wanted and _selected(rel, selection))
+    if selection.file is not None:  # matched against the names found: never joined into a path
+        selected = [(rel, path) for _, rel, path in found if rel == selection.file]
+    else:
+        wanted = selection.attempt if selection.attempt is not None else max(a for a, _, _ in found)
+        selected = sorted((rel, path) for a, rel, path in found if a == wanted and _selected(rel, selection))
     out = []
     for relative, path in selected:
-        tail, truncated = tail_lines(path, lines)
-        out.append(LogFile(name=relative, lines=tail, truncated=truncated))
+        if offset is None:
+            tail, truncated, end = tail_lines(path, lines)
+            out.append(LogFile(name=relative, lines=tail, truncated=truncated, end=end))
+        else:
+            appended, end = lines_from(path, relative, offset, lines)
+            out.append(LogFile(name=relative, lines=appended, truncated=False, end=end))
     return out
 
 

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 
+import pytest
 from test_api_support import *  # noqa: F403
 from test_api_support import Api
 
@@ -108,10 +109,68 @@ def test_logs_tail_the_latest_attempt(api: Api) -> None:
     assert files["attempt-2.log"]["lines"] == ["line 497", "line 498", "line 499"]
     assert files["attempt-2.log"]["truncated"] is True
     assert files["attempt-2-ranks/run/attempt_0/1/stdout.log"]["truncated"] is False
+    assert files["attempt-2.log"]["end"] == (logs / "attempt-2.log").stat().st_size
     first = api.client.get(f"{url}?attempt=1", headers=api.admin).json()["files"]
-    assert first == [{"name": "attempt-1.log", "lines": ["old"], "truncated": False}]
+    assert first == [{"name": "attempt-1.log", "lines": ["old"], "truncated": False, "end": 4}]
     rank = api.client.get(f"{url}?rank=1", headers=api.admin).json()["files"]
     assert [f["name"] for f in rank] == ["attempt-2-ranks/run/attempt_0/1/stdout.log"]
+
+
+def test_a_log_is_read_on_from_the_end_of_the_previous_answer(api: Api) -> None:
+    job = api.submit()
+    logs = api.settings.jobs_dir / job["id"] / "logs"
+    logs.mkdir(parents=True)
+    log = logs / "attempt-1.log"
+    log.write_bytes(b"step 1\nstep 2\n")
+    url = f"/v1/jobs/{job['id']}/logs"
+
+    def read(**params: object) -> dict[str, object]:
+        answer = api.client.get(url, params={"file": "attempt-1.log", **params}, headers=api.admin)
+        assert answer.status_code == 200, answer.text
+        (only,) = answer.json()["files"]
+        return dict(only)
+
+    tail = read(lines=1)
+    assert tail["lines"] == ["step 2"] and tail["end"] == 14
+    assert read(offset=14) == {"name": "attempt-1.log", "lines": [], "truncated": False, "end": 14}
+    with log.open("ab") as fh:  # a whole line, then one still being written (and a non-ASCII one)
+        fh.write("step 3 ✓\nstep 4 half".encode())
+    grown = read(offset=14)
+    assert grown["lines"] == ["step 3 ✓", "step 4 half"] and grown["end"] == log.stat().st_size
+    capped = read(offset=0, lines=2)  # at most `lines`, and `end` just past them
+    assert capped["lines"] == ["step 1", "step 2"] and capped["end"] == 14
+    # The file of an earlier attempt stays readable by its name once a retry has started.
+    (logs / "attempt-2.log").write_text("retry\n")
+    assert read(offset=0)["lines"][0] == "step 1"
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"offset": 0}, "offset needs file"),
+        ({"file": "attempt-1.log", "offset": 99}, "offset 99 is past the end of attempt-1.log (6 bytes)"),
+        ({"file": "attempt-1.log", "offset": -1}, "offset"),
+    ],
+)
+def test_a_bad_log_offset_is_a_422_naming_it(api: Api, params: dict[str, object], message: str) -> None:
+    job = api.submit()
+    logs = api.settings.jobs_dir / job["id"] / "logs"
+    logs.mkdir(parents=True)
+    (logs / "attempt-1.log").write_text("hello\n")
+    answer = api.client.get(f"/v1/jobs/{job['id']}/logs", params=params, headers=api.admin)
+    assert answer.status_code == 422
+    assert answer.json()["error"]["param"] == "offset" and message in answer.json()["error"]["message"]
+
+
+def test_a_log_file_is_chosen_by_name_never_by_path(api: Api) -> None:
+    job = api.submit()
+    logs = api.settings.jobs_dir / job["id"] / "logs"
+    logs.mkdir(parents=True)
+    (logs / "attempt-1.log").write_text("mine\n")
+    (api.settings.jobs_dir / job["id"] / "spec.json").write_text("{}\n")
+    for name in ("../spec.json", "/etc/passwd", "attempt-1.log/../attempt-1.log"):
+        answer = api.client.get(f"/v1/jobs/{job['id']}/logs", params={"file": name}, headers=api.admin)
+        assert answer.status_code == 200 and answer.json()["files"] == [], name
 
 
 def test_logs_of_a_job_that_never_ran_are_empty(api: Api) -> None:

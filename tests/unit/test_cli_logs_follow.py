@@ -1,0 +1,109 @@
+"""`twinkle-jobs jobs logs JOB --follow`: the job's log as it is written, through a retry's new
+attempt log, until the job ends; against the in-process app, with the log files written while
+the command follows them."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from test_api_support import *  # noqa: F403
+from test_api_support import BOOTSTRAP, Api
+from test_cli_admin import client_of
+
+from twinkle_cli import resources
+from twinkle_cli.main import cli
+
+
+@pytest.fixture()
+def runner(api: Api, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    monkeypatch.setattr(resources, "TwinkleClient", lambda _url, token: client_of(api, token))
+    return CliRunner(env={"TWINKLE_TOKEN": BOOTSTRAP, "TWINKLE_URL": "http://testserver"})
+
+
+def append(path: Path, text: str) -> None:
+    with path.open("a") as fh:
+        fh.write(text)
+
+
+def in_background(steps: list[Callable[[], None]], pause: float = 0.6) -> threading.Thread:
+    def run() -> None:
+        for step in steps:
+            time.sleep(pause)
+            step()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def follow(runner: CliRunner, job_id: str, *args: str) -> Result:
+    return runner.invoke(cli, ["jobs", "logs", job_id, "--follow", *args], catch_exceptions=False)
+
+
+def test_follow_prints_the_tail_then_each_new_line_across_a_retry(api: Api, runner: CliRunner) -> None:
+    job_id = api.submit()["id"]
+    logs = api.settings.jobs_dir / job_id / "logs"
+    logs.mkdir(parents=True)
+    first, second = logs / "attempt-1.log", logs / "attempt-2.log"
+    first.write_text("boot\nstep 1\nstep 2\n")
+    api.force_status(job_id, "running", attempt=1)
+    writer = in_background(
+        [
+            lambda: append(first, "step 3\n"),
+            lambda: append(first, "rank 0 died\n"),
+            lambda: api.force_status(job_id, "running", attempt=2),  # a retry, its log not yet there
+            lambda: second.write_text("resumed at step 2\n"),
+            lambda: append(second, "step 3\nstep 4\n"),
+            lambda: api.force_status(job_id, "succeeded"),
+        ]
+    )
+    try:
+        result = follow(runner, job_id, "-n", "2")
+    finally:
+        writer.join()
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        "==> attempt-1.log <==",
+        "step 1",  # the last two lines first
+        "step 2",
+        "step 3",
+        "rank 0 died",
+        "==> attempt-2.log <==",
+        "resumed at step 2",  # a new attempt's log from its first line
+        "step 3",
+        "step 4",
+    ]
+
+
+def test_follow_as_json_and_of_an_ended_job_prints_what_is_there_and_returns(
+    api: Api, runner: CliRunner
+) -> None:
+    job_id = api.submit()["id"]
+    logs = api.settings.jobs_dir / job_id / "logs"
+    logs.mkdir(parents=True)
+    (logs / "attempt-1.log").write_text("a\nb\n")
+    api.force_status(job_id, "failed", attempt=1)
+    result = follow(runner, job_id, "-o", "json")
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line) for line in result.output.splitlines()] == [
+        {"file": "attempt-1.log", "line": "a"},
+        {"file": "attempt-1.log", "line": "b"},
+    ]
+
+
+def test_follow_stops_at_the_timeout_with_exit_3(api: Api, runner: CliRunner) -> None:
+    job_id = api.submit()["id"]  # queued: no attempt, no log yet
+    result = follow(runner, job_id, "--timeout", "1")
+    assert result.exit_code == 3 and f"job {job_id} did not end within 1.0 s" in result.output
+
+
+def test_follow_reads_only_the_latest_attempt(runner: CliRunner, api: Api) -> None:
+    job_id = api.submit()["id"]
+    result = runner.invoke(cli, ["jobs", "logs", job_id, "--follow", "--attempt", "1"])
+    assert result.exit_code == 2 and "--follow follows the latest attempt" in result.output
