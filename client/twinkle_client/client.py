@@ -286,8 +286,11 @@ class Jobs(_Resource):
         result: Json = self._c.json("POST", f"/v1/jobs/{job_id}/clone", json=body, headers=headers)
         return result
 
-    def delete(self, job_id: str) -> None:
-        self._c.request("DELETE", f"/v1/jobs/{job_id}")
+    def delete(self, job_id: str) -> Json:
+        """Delete an ended job with its events, metrics, checkpoints and files:
+        `{"id", "object": "job", "deleted": true}`."""
+        result: Json = self._c.json("DELETE", f"/v1/jobs/{job_id}")
+        return result
 
     def events(
         self,
@@ -471,8 +474,10 @@ class Files(_Resource):
     def content(self, file_id: str) -> bytes:
         return self._c.request("GET", f"/v1/files/{file_id}/content").content
 
-    def delete(self, file_id: str) -> None:
-        self._c.request("DELETE", f"/v1/files/{file_id}")
+    def delete(self, file_id: str) -> Json:
+        """Delete a file no queued or running job uses: `{"id", "object": "file", "deleted": true}`."""
+        result: Json = self._c.json("DELETE", f"/v1/files/{file_id}")
+        return result
 
 
 class Checkpoints(_Resource):
