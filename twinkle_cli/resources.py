@@ -335,35 +335,37 @@ def jobs_get(ctx: click.Context, job_id: str, output: str) -> None:
     _emit(job, output, describe_job(job))
 
 
-YES = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (scripts)")
-
-
 def _interactive() -> bool:
     return sys.stdin.isatty()
 
 
-def _confirm_deletion(what: str, yes: bool) -> None:
-    """Deleting cannot be undone: ask on a terminal, and refuse without --yes where no one can answer."""
-    if yes:
-        return
-    if not _interactive():
-        raise click.UsageError(f"deleting {what} cannot be undone: pass --yes to do it without a prompt")
-    click.confirm(f"Delete {what}? This cannot be undone", abort=True, err=True)
+def _delete_command(resource: str, what: str, doc: str) -> Any:
+    """`<resource> delete ID [--yes]`. Deleting cannot be undone: it asks on a terminal, and
+    without one (a script) refuses unless given --yes, rather than hang on a prompt."""
+
+    @click.argument("item_id", metavar=f"{resource.upper().rstrip('S')}_ID")
+    @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (scripts)")
+    @OUTPUT
+    @click.pass_context
+    @handle_api_errors
+    def command(ctx: click.Context, item_id: str, yes: bool, output: str) -> None:
+        target = what.format(id=item_id)
+        if not yes:
+            if not _interactive():
+                raise click.UsageError(f"deleting {target} cannot be undone: pass --yes to skip the prompt")
+            click.confirm(f"Delete {target}? This cannot be undone", abort=True, err=True)
+        deleted = getattr(_client(ctx), resource).delete(item_id)
+        _emit(deleted, output, [f"deleted {deleted['id']}"])
+
+    command.__doc__ = doc
+    return command
 
 
-@jobs.command("delete")
-@click.argument("job_id")
-@YES
-@OUTPUT
-@click.pass_context
-@handle_api_errors
-def jobs_delete(ctx: click.Context, job_id: str, yes: bool, output: str) -> None:
-    """Delete an ended job with its events, metrics, checkpoints and files."""
-    _confirm_deletion(f"job {job_id} with its checkpoints, logs and events", yes)
-    deleted = _client(ctx).jobs.delete(job_id)
-    _emit(deleted, output, [f"deleted {deleted['id']}"])
-
-
+jobs.command("delete")(
+    _delete_command(
+        "jobs", "job {id} with its checkpoints, logs and events", "Delete an ended job and all it wrote."
+    )
+)
 jobs.command("cancel")(_job_action("cancel"))
 jobs.command("pause")(_job_action("pause"))
 
@@ -558,17 +560,9 @@ def files_list(ctx: click.Context, output: str) -> None:
     _emit(items, output, [f"{f['id']}  {f.get('filename')}  {f.get('bytes')} bytes" for f in items])
 
 
-@files.command("delete")
-@click.argument("file_id")
-@YES
-@OUTPUT
-@click.pass_context
-@handle_api_errors
-def files_delete(ctx: click.Context, file_id: str, yes: bool, output: str) -> None:
-    """Delete an uploaded file (refused while a queued or running job uses it)."""
-    _confirm_deletion(f"file {file_id}", yes)
-    deleted = _client(ctx).files.delete(file_id)
-    _emit(deleted, output, [f"deleted {deleted['id']}"])
+files.command("delete")(
+    _delete_command("files", "file {id}", "Delete an uploaded file (refused while a running job uses it).")
+)
 
 
 @_group

@@ -43,7 +43,7 @@ def test_without_yes_and_no_terminal_nothing_is_deleted(api: Api, runner: CliRun
     job_id = api.submit()["id"]
     api.force_status(job_id, "failed")
     result = run(runner, "jobs", "delete", job_id)
-    assert result.exit_code == 2 and "pass --yes" in result.output
+    assert result.exit_code == 2 and "pass --yes to skip the prompt" in result.output
     assert job_exists(api, job_id)
 
 
