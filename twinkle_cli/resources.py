@@ -192,11 +192,15 @@ def jobs_submit(
     timeout: float | None,
     output: str,
 ) -> None:
-    """Submit a job from a YAML/JSON file, with `--set` overrides merged into its spec."""
+    """Submit a job from a YAML/JSON file, with `--set` overrides merged into its spec.
+
+    A dataset named by a relative path that exists here (`data.train_file: train.jsonl`, relative
+    to the current directory) is uploaded first and named by its file id."""
     body = load_job_file(path, overrides)
     if name:
         body["name"] = name
     client = _client(ctx)
+    upload_local_datasets(client, body["spec"])
     job = client.jobs.create(**body)
     if not (wait or follow):
         _emit(job, output, [f"{job['id']} {job['status']}"])
@@ -226,6 +230,31 @@ def jobs_wait(ctx: click.Context, job_id: str, follow: bool, timeout: float | No
     else:
         _wait(client, job, timeout, output)
     _finish(client.jobs.get(job_id), output, timeout)
+
+
+DATASET_FIELDS = ("train_file", "validation_file")
+
+
+def upload_local_datasets(client: TwinkleClient, spec: dict[str, Any]) -> None:
+    """Upload each dataset of `spec` that is a relative path to a file here, and put its file id
+    in its place. The server reads only absolute paths (under its allowed roots), uploaded file
+    ids and hub ids, so a relative path can only mean a file on this machine; an absolute one is
+    left for the server, which may well see that path itself."""
+    data = spec.get("data")
+    if not isinstance(data, dict):
+        return
+    ids: dict[Path, str] = {}  # one upload for a file named twice
+    for field in DATASET_FIELDS:
+        value = data.get(field)
+        if not isinstance(value, str) or "://" in value or Path(value).is_absolute():
+            continue
+        local = Path(value)
+        if not local.is_file():
+            continue  # not a local file: the server's 422 names the field
+        if local.resolve() not in ids:
+            ids[local.resolve()] = client.files.upload(local)["id"]
+            click.echo(f"uploaded {value} as {ids[local.resolve()]} (spec.data.{field})", err=True)
+        data[field] = ids[local.resolve()]
 
 
 def _follow(client: TwinkleClient, job_id: str, timeout: float | None, output: str) -> None:

@@ -86,3 +86,40 @@ def test_submit_sends_the_file_with_the_overrides(
 def test_version() -> None:
     result = CliRunner().invoke(cli, ["--version"])
     assert result.exit_code == 0 and result.output.startswith("twinkle-jobs, version ")
+
+
+def test_submit_uploads_a_dataset_named_by_a_relative_local_path(
+    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(resources, "TwinkleClient", lambda _url, token: client_of(api, token))
+    work = tmp_path / "work"  # the directory the user runs the command in
+    (work / "data").mkdir(parents=True)
+    (work / "data" / "train.jsonl").write_text('{"text": "hello"}\n{"text": "world"}\n')
+    monkeypatch.chdir(work)
+    spec = {
+        "model": {"model_id": "org/tiny-llama"},
+        "data": {"train_file": "data/train.jsonl", "validation_file": "./data/train.jsonl"},
+    }
+    (work / "job.yaml").write_text(yaml.safe_dump({"name": "local-data", "spec": spec}))
+    runner = CliRunner(env={"TWINKLE_TOKEN": BOOTSTRAP, "TWINKLE_URL": "http://testserver"})
+    result = runner.invoke(cli, ["jobs", "submit", "-f", "job.yaml", "-o", "json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (uploaded,) = api.client.get("/v1/files", headers=api.admin).json()["data"]  # one upload for both
+    assert uploaded["filename"] == "train.jsonl"
+    assert f"uploaded data/train.jsonl as {uploaded['id']} (spec.data.train_file)" in result.stderr
+    job_id = json.loads(result.stdout)["id"]  # the notice went to stderr
+    stored = api.client.get(f"/v1/jobs/{job_id}", params={"expand": "spec"}, headers=api.admin).json()
+    assert stored["spec"]["data"]["train_file"] == stored["spec"]["data"]["validation_file"] == uploaded["id"]
+
+
+def test_a_relative_dataset_path_that_is_not_here_is_left_to_the_server(
+    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(resources, "TwinkleClient", lambda _url, token: client_of(api, token))
+    monkeypatch.chdir(tmp_path)
+    spec = {"model": {"model_id": "org/tiny-llama"}, "data": {"train_file": "missing.jsonl"}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({"spec": spec}))
+    runner = CliRunner(env={"TWINKLE_TOKEN": BOOTSTRAP, "TWINKLE_URL": "http://testserver"})
+    result = runner.invoke(cli, ["jobs", "submit", "-f", "job.yaml"], catch_exceptions=False)
+    assert result.exit_code == 1 and "422" in result.output and "spec.data.train_file" in result.output
+    assert api.client.get("/v1/files", headers=api.admin).json()["data"] == []
