@@ -147,9 +147,28 @@ def check_local_path(value: str, param: str, settings: Settings) -> Path:
     roots = [Path(os.path.realpath(root)) for root in settings.allowed_root_paths]
     if not any(real == root or real.is_relative_to(root) for root in roots):
         raise InvalidRequest(f"{param}: '{value}' is outside the allowed data roots", param=param)
+    if _in_service_storage(real, settings):
+        raise InvalidRequest(
+            f"{param}: '{value}' is in the service's own storage (jobs, uploads, its database and "
+            "secrets), which no spec reads by path: name an uploaded dataset by its file id",
+            param=param,
+        )
     if not real.exists():
         raise InvalidRequest(f"{param}: '{value}' does not exist", param=param)
     return real
+
+
+def _in_service_storage(real: Path, settings: Settings) -> bool:
+    """Whether a resolved path is the service's own: every project's jobs (checkpoints, logs,
+    exports) and uploads, and the data dir's top-level files (the SQLite databases, the admin
+    token, the serving secret) and logs. The data dir is an allowed root by default (a user's
+    models may sit beside these), and a path there must not reach another project's weights or
+    data, or the service's secrets; a project's own uploads go by file id."""
+    for owned in (settings.jobs_dir, settings.files_dir, settings.data_dir / "logs"):
+        root = Path(os.path.realpath(owned))
+        if real == root or real.is_relative_to(root):
+            return True
+    return real.parent == Path(os.path.realpath(settings.data_dir)) and not real.is_dir()
 
 
 def check_spec(

@@ -170,6 +170,50 @@ def test_a_symlink_out_of_the_allowed_roots_is_refused(api: Api, tmp_path: Path)
     assert response.status_code == 422 and "outside the allowed" in response.json()["error"]["message"]
 
 
+def _service_storage_paths(api: Api) -> dict[str, Path]:
+    """Paths inside the data dir (an allowed root) that are the service's own."""
+    owner = api.submit()
+    checkpoint = Path(api.add_checkpoint(owner["id"], 1)["path"])
+    upload = api.client.post(
+        "/v1/files", files={"file": ("d.jsonl", b'{"text": "a"}\n')}, headers=api.token("other")
+    )
+    assert upload.status_code == 201, upload.text
+    data_dir = api.settings.data_dir
+    (data_dir / "local-admin-token").write_text("tw-secret")
+    (data_dir / "logs").mkdir(exist_ok=True)
+    (data_dir / "logs" / "server.log").write_text("...")
+    return {
+        "a job's checkpoint": checkpoint,
+        "a job's progress": checkpoint.parent.parent / "progress.jsonl",
+        "an upload": next(api.settings.files_dir.rglob("*.jsonl")),
+        "the admin token": data_dir / "local-admin-token",
+        "the stack's logs": data_dir / "logs" / "server.log",
+    }
+
+
+def test_no_spec_reads_the_services_own_storage_by_path(api: Api) -> None:
+    # Another project's weights and data, or the service's secrets, must not be one path away: the
+    # data dir is an allowed root by default, and it holds every project's jobs and uploads.
+    paths = _service_storage_paths(api)
+    paths["a job's progress"].write_text('{"event": "started"}\n')
+    for token in (api.admin, api.token("other")):  # not even a project's own: those go by id or name
+        for what, path in paths.items():
+            for field in ("data.train_file", "model.model_id"):
+                body = spec_body()
+                section, key = field.split(".")
+                body["spec"][section][key] = str(path)
+                answer = api.client.post("/v1/jobs", json=body, headers=token)
+                assert answer.status_code == 422, (what, field, answer.text)
+                error = answer.json()["error"]
+                assert error["param"] == f"spec.{field}" and "service's own storage" in error["message"]
+    # A user's own directory beside them in the data dir stays usable.
+    model = api.settings.data_dir / "models" / "tiny"
+    model.mkdir(parents=True)
+    body = spec_body()
+    body["spec"]["model"]["model_id"] = str(model)
+    assert api.client.post("/v1/jobs", json=body, headers=api.admin).status_code == 201
+
+
 def test_another_projects_file_id_is_refused(api: Api) -> None:
     upload = api.client.post(
         "/v1/files", files={"file": ("d.jsonl", b'{"text": "a"}\n')}, headers=api.token("other")
