@@ -59,7 +59,8 @@ class ModelSection(_Section):
     )
     model_id: str | None = Field(
         default=None,
-        description="A local directory under an allowed root, hf://org/name, ms://org/name or a bare hub id",
+        description="A local directory under an allowed root, hf://org/name, ms://org/name, a bare hub "
+        "id, or a fine-tuned model of the project by its name (ft:..., JOB_ID:ckpt-STEP) to train on from",
     )
     config: dict[str, Any] | None = Field(
         default=None,

@@ -1,4 +1,5 @@
-"""Turn a stored job spec into the file the runner reads: uploaded file ids become local paths."""
+"""Turn a stored job spec into the file the runner reads: uploaded file ids become local paths,
+and a fine-tuned model named as the base (`jobcore.trained_base`) its checkpoint's directory."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from jobcore.db.models import File, Job
+from jobcore.trained_base import NotATrainedBase, find_trained_base, is_trained_base_name
 from twinkle_core.spec import JobSpec
 
 
@@ -20,6 +22,13 @@ def resolve_spec(session: Session, job: Job) -> JobSpec:
         spec = JobSpec.model_validate(job.spec)
     except Exception as exc:  # pydantic.ValidationError is a ValueError subclass; be explicit anyway
         raise ValueError(f"spec: {exc}") from exc
+    if is_trained_base_name(spec.model.model_id):
+        assert spec.model.model_id is not None
+        try:
+            base = find_trained_base(session, job.project_id, spec.model.model_id)
+        except NotATrainedBase as exc:  # e.g. the job it names was deleted since
+            raise ValueError(f"model.model_id: {exc}") from None
+        spec.model.model_id = base.checkpoint
     data = spec.data
     data.train_file = _resolve_file(session, job.project_id, data.train_file, "data.train_file")
     if data.validation_file is not None:

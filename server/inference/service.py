@@ -14,11 +14,12 @@ from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
+from jobcore import model_names as names
 from jobcore import storage
 from jobcore.jobs.states import JobStatus
 from server.auth.principal import Principal
 from server.errors import NotFound
-from server.inference import names, repository
+from server.inference import repository
 from server.inference.schemas import ModelList, ModelObject
 from twinkle_core.spec import ModelSection
 

@@ -17,9 +17,9 @@ from typing import Any
 from sqlalchemy import inspect
 from sqlalchemy.orm import Session
 
+from jobcore import model_names as names
 from jobcore.db.models import Checkpoint, Job
 from jobcore.jobs.states import TERMINAL, JobStatus, actions_for
-from server.inference import names
 from server.jobs import repository
 from server.jobs.schemas import JobOut
 

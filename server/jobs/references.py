@@ -7,6 +7,8 @@ one of the configured roots, or a hub id: for data a dataset, `hf://datasets/org
 runner loads through `datasets` (a bare `org/name` names a model only). What a value is follows
 from its spelling alone, never from what happens to exist in the server's working directory:
 `org/name` is a hub id even when such a relative path exists, and a relative path is refused.
+A model may also be a fine-tuned model of the project by its name (`ft:...`, `JOB:ckpt-STEP`;
+`jobcore.trained_base`), the only way to a checkpoint: no path reaches the service's storage.
 
 `model.kwargs` reaches `from_pretrained`/`from_config` as keyword arguments; many of those
 choose what code runs (remote code, hub kernels, unpickling with `weights_only=False`) or where
@@ -28,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from jobcore.db.models import File
 from jobcore.settings import Settings
+from jobcore.trained_base import NotATrainedBase, find_trained_base, is_trained_base_name
 from server.errors import InvalidRequest
 from twinkle_core.dataset.hub import parse_dataset_id
 from twinkle_core.spec import JobSpec
@@ -171,6 +174,21 @@ def _in_service_storage(real: Path, settings: Settings) -> bool:
     return real.parent == Path(os.path.realpath(settings.data_dir)) and not real.is_dir()
 
 
+def check_trained_base(spec: JobSpec, session: Session, project_id: str, param: str) -> None:
+    """A model_id that names a fine-tuned model or checkpoint of this project (jobcore.trained_base)."""
+    assert spec.model.model_id is not None
+    try:
+        find_trained_base(session, project_id, spec.model.model_id)
+    except NotATrainedBase as exc:
+        raise InvalidRequest(f"{param}: {exc}", param=param) from None
+    if spec.adapter is not None:
+        raise InvalidRequest(
+            f"{param}: a LoRA adapter on a fine-tuned model's weights is not supported yet; "
+            "train on from it in full (no `adapter`), or export it and name the folder",
+            param=param,
+        )
+
+
 def check_spec(
     spec: JobSpec, session: Session, project_id: str, settings: Settings, prefix: str = "spec"
 ) -> None:
@@ -183,7 +201,9 @@ def check_spec(
         ("model.tokenizer_id", model.tokenizer_id, False),
     ]
     for field, value, uploads in references:
-        if value is not None:
+        if field == "model.model_id" and is_trained_base_name(value):
+            check_trained_base(spec, session, project_id, f"{prefix}.{field}")
+        elif value is not None:
             check_reference(value, f"{prefix}.{field}", session, project_id, settings, uploads=uploads)
     if not CLASS_NAME.match(model.model_cls):
         raise InvalidRequest(

@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from jobcore import model_names as names
 from jobcore.db.models import Checkpoint, Job
 from server.errors import InvalidRequest, param_from_loc
-from server.inference import names
 from server.jobs.schemas import JobCreate, JobEventOut, JobOut
 from server.openai_compat.schemas import (
     CheckpointMetrics,

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from live_service import TOKEN, LiveService, tiny_spec
 
-from server.inference.names import base_name
+from jobcore.model_names import base_name
 
 pytestmark = pytest.mark.slow
 
@@ -103,6 +103,17 @@ def test_ci_script_passes_and_fails_with_the_job(
 
     logs = cli(service, "jobs", "logs", job["id"], "-n", "50")
     assert logs.returncode == 0 and "==>" in logs.stdout
+
+    # The next round trains on from the model by its name, as OpenAI's fine-tuning does.
+    model = job["fine_tuned_model"]
+    again = cli(
+        service, "jobs", "submit", "-f", str(good), "--set", f"model.model_id={model}", "--name", "ci-again",
+        "--wait", "-o", "json",
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr + service.worker_log()
+    second = json.loads(again.stdout)
+    assert second["status"] == "succeeded" and second["spec"]["model"]["model_id"] == model
+    assert second["fine_tuned_model"].startswith(f"ft:{base_name(str(tiny_model_dir))}:ci-again:")
 
     # A dataset with a broken line: a user error, so the job fails without retries and so does the step.
     broken = tmp_path / "broken.jsonl"

@@ -23,8 +23,9 @@ from starlette.routing import Match
 from test_api_support import *  # noqa: F403
 from test_api_support import BOOTSTRAP, RESPONSE_SENT, Api
 
+from jobcore import model_names as names
 from jobcore.db.models import Checkpoint, ServingHost, utcnow
-from server.inference import names, plans
+from server.inference import plans
 from server.inference.hosts import LiveHost, order_for
 from server.inference.route import GenerationRoute
 from server.inference.router import router as inference_router

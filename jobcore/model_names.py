@@ -31,7 +31,10 @@ def _part(text: str) -> str:
 
 
 def base_name(model_id: str) -> str:
-    """`/data/models/Qwen3-0.6B` -> `Qwen3-0.6B`, `org/tiny-llama` -> `tiny-llama`."""
+    """`/data/models/Qwen3-0.6B` -> `Qwen3-0.6B`, `org/tiny-llama` -> `tiny-llama`; a fine-tuned
+    model trained on further keeps its base's name (`ft:tiny-llama:demo:job-1` -> `tiny-llama`)."""
+    if model_id.startswith(FINE_TUNED_PREFIX) and model_id.count(":") >= 2:
+        return _part(model_id.split(":")[1])
     return _part(PurePosixPath(model_id.rstrip("/")).name or model_id)
 
 

@@ -1,0 +1,80 @@
+"""Training on from a fine-tuned model: `spec.model.model_id` may name a job's model as the
+service calls it (`ft:<base>[:<suffix>]:<job id>`, or `<job id>:ckpt-<step>` for any checkpoint;
+`jobcore.model_names`), the way OpenAI's fine-tuning takes a fine-tuned model as its base.
+
+The spec keeps the name, so a user reads what the job trained on, and clone and resume keep it.
+The server checks the name when the job is created (`server.jobs.references`); the worker turns
+it into the checkpoint's directory when it launches the job (`worker.spec_resolution`), as it
+turns an uploaded file's id into its path. Both ask `find_trained_base`, so they agree.
+
+A name is the only way to a checkpoint as a base: paths inside the service's storage are refused
+(another project's weights must not be one path away), and a name resolves in its project only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from jobcore import model_names, storage
+from jobcore.db.models import Checkpoint, Job
+from jobcore.jobs.states import JobStatus
+
+
+@dataclass(frozen=True)
+class TrainedBase:
+    job_id: str
+    step: int
+    checkpoint: str  # the checkpoint's directory, which TransformersModel loads as model_id
+
+
+class NotATrainedBase(ValueError):
+    """The name does not lead to weights this project can train on; the message says why."""
+
+
+def is_trained_base_name(model_id: str | None) -> bool:
+    return model_id is not None and model_names.parse(model_id) is not None
+
+
+def find_trained_base(session: Session, project_id: str, model_id: str) -> TrainedBase:
+    """The complete checkpoint `model_id` names in `project_id`, or NotATrainedBase."""
+    parsed = model_names.parse(model_id)
+    if parsed is None:
+        raise NotATrainedBase(f"'{model_id}' is not a fine-tuned model's name")
+    job = session.get(Job, parsed.job_id)
+    if job is None or job.project_id != project_id:
+        raise NotATrainedBase(f"no job '{parsed.job_id}' in this project")
+    spec_model = (job.spec or {}).get("model") or {}
+    step: int | None = None
+    if isinstance(parsed, model_names.FineTunedName):
+        own = model_names.fine_tuned_model_name(job.id, str(spec_model.get("model_id") or ""), job.name)
+        if own != model_id:
+            raise NotATrainedBase(f"'{model_id}' is not the name of job '{job.id}''s model ('{own}')")
+        if job.status != JobStatus.SUCCEEDED:
+            raise NotATrainedBase(
+                f"job '{job.id}' is {job.status}: its model exists once it succeeded "
+                f"(name one of its checkpoints as '{job.id}{model_names.CHECKPOINT_INFIX}STEP')"
+            )
+    else:
+        step = parsed.step
+    if (job.spec or {}).get("adapter") is not None:
+        raise NotATrainedBase(
+            f"job '{job.id}' trained a LoRA adapter, not whole weights: export it merged "
+            "(`twinkle-jobs checkpoints export JOB STEP`), put the folder under an allowed root "
+            "and name that path"
+        )
+    query = select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.deleted.is_(False))
+    if step is not None:
+        query = query.where(Checkpoint.step == step)
+    checkpoint = session.scalars(query.order_by(Checkpoint.step.desc()).limit(1)).one_or_none()
+    if checkpoint is None:
+        at = f"at step {step}" if step is not None else "left"
+        raise NotATrainedBase(f"job '{job.id}' has no complete checkpoint {at}")
+    if storage.is_remote(checkpoint.path):
+        raise NotATrainedBase(
+            f"the checkpoint of job '{job.id}' at step {checkpoint.step} is kept in object storage, "
+            "which a job cannot train on from yet"
+        )
+    return TrainedBase(job.id, checkpoint.step, checkpoint.path)
