@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from jobcore import model_names, storage
 from jobcore.db.models import Checkpoint, Job
-from jobcore.jobs.states import JobStatus
+from jobcore.jobs.states import LIVE, JobStatus
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,20 @@ class NotATrainedBase(ValueError):
 
 def is_trained_base_name(model_id: str | None) -> bool:
     return model_id is not None and model_names.parse(model_id) is not None
+
+
+def jobs_training_from(session: Session, project_id: str, job_id: str) -> list[Job]:
+    """The project's jobs that will still load `job_id`'s weights as their base: queued, running
+    or paused (a launch or a resume reads the base again)."""
+    waiting = [*LIVE, JobStatus.PAUSED]
+    candidates = session.scalars(select(Job).where(Job.project_id == project_id, Job.status.in_(waiting)))
+    users = []
+    for job in candidates:
+        model_id = ((job.spec or {}).get("model") or {}).get("model_id")
+        parsed = model_names.parse(model_id) if isinstance(model_id, str) else None
+        if parsed is not None and parsed.job_id == job_id:
+            users.append(job)
+    return users
 
 
 def find_trained_base(session: Session, project_id: str, model_id: str) -> TrainedBase:

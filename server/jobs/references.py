@@ -153,7 +153,8 @@ def check_local_path(value: str, param: str, settings: Settings) -> Path:
     if _in_service_storage(real, settings):
         raise InvalidRequest(
             f"{param}: '{value}' is in the service's own storage (jobs, uploads, its database and "
-            "secrets), which no spec reads by path: name an uploaded dataset by its file id",
+            "secrets), which no spec reads by path: an upload goes by its file id, a fine-tuned "
+            "model by its name (ft:... or JOB_ID:ckpt-STEP)",
             param=param,
         )
     if not real.exists():
@@ -163,11 +164,13 @@ def check_local_path(value: str, param: str, settings: Settings) -> Path:
 
 def _in_service_storage(real: Path, settings: Settings) -> bool:
     """Whether a resolved path is the service's own: every project's jobs (checkpoints, logs,
-    exports) and uploads, and the data dir's top-level files (the SQLite databases, the admin
-    token, the serving secret) and logs. The data dir is an allowed root by default (a user's
+    exports), uploads and checkpoint archives, and the data dir's top-level files (the SQLite
+    databases, the admin token, the serving secret). The data dir is an allowed root by default (a user's
     models may sit beside these), and a path there must not reach another project's weights or
     data, or the service's secrets; a project's own uploads go by file id."""
-    for owned in (settings.jobs_dir, settings.files_dir, settings.data_dir / "logs"):
+    # Jobs, uploads, checkpoint archives, the stack's logs, the vLLM backend's work.
+    others = ("archives", "logs", "serving")
+    for owned in (settings.jobs_dir, settings.files_dir, *(settings.data_dir / name for name in others)):
         root = Path(os.path.realpath(owned))
         if real == root or real.is_relative_to(root):
             return True

@@ -33,6 +33,7 @@ from jobcore.jobs.states import (
     check_action,
 )
 from jobcore.settings import Settings
+from jobcore.trained_base import jobs_training_from
 from server.auth.service import Principal
 from server.common.pagination import split_page
 from server.deps import after_commit
@@ -326,6 +327,10 @@ def delete_job(session: Session, settings: Settings, principal: Principal, job_i
     except InvalidTransition as exc:
         hint = "cancel it first (only a job whose run ended is deleted)"
         raise Conflict(f"{exc}; {hint}", code="invalid_state") from exc
+    users = jobs_training_from(session, principal.project_id, job.id)
+    if users:
+        names = ", ".join(f"{j.id} ({j.status})" for j in users[:5])
+        raise Conflict(f"jobs still to train from this job's model: {names}", code="model_in_use")
     artifacts = [job_dir(settings, job)]
     artifacts += [
         settings.data_dir / "archives" / f"{c.id}.tar" for c in repository.live_checkpoints(session, [job.id])

@@ -182,12 +182,15 @@ def _service_storage_paths(api: Api) -> dict[str, Path]:
     (data_dir / "local-admin-token").write_text("tw-secret")
     (data_dir / "logs").mkdir(exist_ok=True)
     (data_dir / "logs" / "server.log").write_text("...")
+    (data_dir / "archives").mkdir(exist_ok=True)
+    (data_dir / "archives" / "ckpt-1.jsonl").write_text("{}\n")
     return {
         "a job's checkpoint": checkpoint,
         "a job's progress": checkpoint.parent.parent / "progress.jsonl",
         "an upload": next(api.settings.files_dir.rglob("*.jsonl")),
         "the admin token": data_dir / "local-admin-token",
         "the stack's logs": data_dir / "logs" / "server.log",
+        "a checkpoint archive": data_dir / "archives" / "ckpt-1.jsonl",
     }
 
 

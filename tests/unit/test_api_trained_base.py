@@ -106,3 +106,15 @@ def test_the_fine_tuning_api_takes_a_fine_tuned_model_as_its_base(api: Api) -> N
     assert created.json()["model"] == name
     refused = api.client.post("/v1/fine_tuning/jobs", json={**body, "model": f"{name}x"}, headers=api.admin)
     assert refused.status_code == 422 and refused.json()["error"]["param"] == "model"
+
+
+def test_a_job_others_still_train_from_is_not_deleted(api: Api) -> None:
+    source, name = trained(api)
+    follower = on_top_of(api, name).json()  # queued
+    refused = api.client.delete(f"/v1/jobs/{source['id']}", headers=api.admin)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "model_in_use" and follower["id"] in refused.text
+    api.force_status(follower["id"], "paused")  # a resume loads the base again
+    assert api.client.delete(f"/v1/jobs/{source['id']}", headers=api.admin).status_code == 409
+    api.force_status(follower["id"], "cancelled")
+    assert api.client.delete(f"/v1/jobs/{source['id']}", headers=api.admin).status_code == 200
