@@ -184,6 +184,7 @@ def _service_storage_paths(api: Api) -> dict[str, Path]:
     (data_dir / "logs" / "server.log").write_text("...")
     (data_dir / "archives").mkdir(exist_ok=True)
     (data_dir / "archives" / "ckpt-1.jsonl").write_text("{}\n")
+    (data_dir / "twinkle.db-wal").write_bytes(b"\0")
     return {
         "a job's checkpoint": checkpoint,
         "a job's progress": checkpoint.parent.parent / "progress.jsonl",
@@ -191,6 +192,7 @@ def _service_storage_paths(api: Api) -> dict[str, Path]:
         "the admin token": data_dir / "local-admin-token",
         "the stack's logs": data_dir / "logs" / "server.log",
         "a checkpoint archive": data_dir / "archives" / "ckpt-1.jsonl",
+        "the database's journal": data_dir / "twinkle.db-wal",
     }
 
 
@@ -209,11 +211,14 @@ def test_no_spec_reads_the_services_own_storage_by_path(api: Api) -> None:
                 assert answer.status_code == 422, (what, field, answer.text)
                 error = answer.json()["error"]
                 assert error["param"] == f"spec.{field}" and "service's own storage" in error["message"]
-    # A user's own directory beside them in the data dir stays usable.
+    # A user's own model and dataset beside them in the data dir stay usable.
     model = api.settings.data_dir / "models" / "tiny"
     model.mkdir(parents=True)
+    dataset = api.settings.data_dir / "train.jsonl"
+    dataset.write_text('{"text": "hi"}\n')
     body = spec_body()
     body["spec"]["model"]["model_id"] = str(model)
+    body["spec"]["data"]["train_file"] = str(dataset)
     assert api.client.post("/v1/jobs", json=body, headers=api.admin).status_code == 201
 
 
