@@ -169,9 +169,9 @@ SERVICE_SECRETS = frozenset({"serving-secret", "local-admin-token"})
 def _in_service_storage(real: Path, settings: Settings) -> bool:
     """Whether a resolved path is the service's own: every project's jobs (checkpoints, logs,
     exports), uploads and checkpoint archives, and its files at the data dir's top (the SQLite
-    databases, the admin token, the serving secret). The data dir is an allowed root by default (a user's
-    models may sit beside these), and a path there must not reach another project's weights or
-    data, or the service's secrets; a project's own uploads go by file id."""
+    databases, the admin token, the serving secret). The data dir is an allowed root by default
+    (a user's models and data may sit beside these), and a path there must not reach another
+    project's weights or data, or the service's secrets; a project's own uploads go by file id."""
     # Jobs, uploads, checkpoint archives, the stack's logs, the vLLM backend's work.
     others = ("archives", "logs", "serving")
     for owned in (settings.jobs_dir, settings.files_dir, *(settings.data_dir / name for name in others)):
