@@ -32,13 +32,23 @@ _TASK_RUN_LOGGERS = ("celery.beat", "celery.worker.strategy", "celery.app.trace"
 
 
 class _RoutineReconcileFilter(logging.Filter):
-    """Drops Celery's INFO lines about the reconciler's scheduled runs: three lines every
-    `stale_after_seconds / 2` buried a worker's log (and `twinkle-jobs up`'s terminal) in routine,
-    while the reconciler logs a warning itself for whatever it does. A failed run is an ERROR
-    and stays; so do the lines of every other task (a job's wake-up)."""
+    """Keeps only the first of Celery's INFO lines about the reconciler's scheduled runs, per
+    logger and process: three lines every `stale_after_seconds / 2` buried a worker's log (and
+    `twinkle-jobs up`'s terminal) in routine, while the reconciler logs a warning itself for
+    whatever it does. The first run's lines stay, to show the schedule works (beat sent it, the
+    worker ran it); a failed run is an ERROR and stays, and so do every other task's lines (a
+    job's wake-up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shown: set[str] = set()  # loggers that have shown their first routine line
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno > logging.INFO or RECONCILE_TASK not in record.getMessage()
+        if record.levelno > logging.INFO or RECONCILE_TASK not in record.getMessage():
+            return True
+        first = record.name not in self.shown
+        self.shown.add(record.name)
+        return first
 
 
 _ROUTINE_FILTER = _RoutineReconcileFilter()

@@ -264,10 +264,11 @@ def test_a_preempted_job_is_requeued_by_slurm_and_resumes_from_its_checkpoint(
     job_id = slurm_service.submit(slurm_spec(tiny_model_dir, text_dataset))
     slurm_id = slurm_service.wait_held(job_id)  # its step-2 checkpoint is complete
     # A job of the higher-priority partition wants both whole nodes: Slurm preempts ours.
+    interrupted = time.monotonic()
     slurm("sbatch", "-p", "urgent", "-N2", "-c2", "-J", "urgent", "-o", "/dev/null", "--wrap", "sleep 1")
     job = slurm_service.wait_engine_state(job_id, "REQUEUED")
     assert job["status"] == "running" and job["attempt"] == 1, job  # the job stays with Slurm
-    start_requeued_now(slurm_id)
+    start_requeued_now(slurm_id, not_before=interrupted + REQUEUE_SETTLE_SECONDS)
     job = slurm_service.svc.wait_terminal(job_id, timeout=300)
     assert job["status"] == "succeeded", (job, slurm_service.svc.worker_log())
     assert job["attempt"] == 1, job  # Slurm requeued it: no retry of ours
@@ -311,7 +312,11 @@ def run_processes(slurm_id: str) -> list[int]:
     return found
 
 
-def start_requeued_now(slurm_id: str, timeout: float = 120) -> None:
+# How long after a run is interrupted its requeued run may start: see start_requeued_now.
+REQUEUE_SETTLE_SECONDS = 10.0
+
+
+def start_requeued_now(slurm_id: str, not_before: float, timeout: float = 120) -> None:
     """Slurm holds a requeued job for 120 s (its begin time) before it may start again; a test
     cannot wait that long. The hold is set once the requeue has finished, which on a loaded machine
     can be after the test saw REQUEUED, and a `StartTime=now` sent before then is overwritten: so
@@ -321,8 +326,17 @@ def start_requeued_now(slurm_id: str, timeout: float = 120) -> None:
     in name) its step daemon outlives the requeue for a few seconds, and a new run started meanwhile
     gets a step of the same name (`<id>.0`: step ids start again at 0): the old daemon, ending,
     unlinks the new one's socket, and the new run died with 137 (the worker then rightly counted
-    an attempt of its own). Slurm's own 120 s hold never lets the runs meet."""
+    an attempt of its own). Slurm's own 120 s hold never lets the runs meet.
+
+    Nor before `not_before` (monotonic): gone processes were not enough. In a CI run of 12-06 the
+    old step daemon on the failed node ended 3 s after the failure, the hold was lifted 0.2 s later
+    with no process of the job left, the new run was allocated at once, and its task on that node
+    was killed with 9 about 4.7 s after the failure, most likely by the controller's kill of the
+    job's interrupted allocation reaching the node late (same job id). Where the runs passed, the
+    new one started 5 s or more after the failure."""
     deadline = time.monotonic() + timeout
+    while time.monotonic() < not_before:
+        time.sleep(0.2)
     while True:
         shown = slurm("scontrol", "show", "job", "-o", slurm_id)
         state, reason = re.search(r"JobState=(\S+)", shown), re.search(r"Reason=(\S+)", shown)
@@ -356,6 +370,7 @@ def test_a_node_failure_is_requeued_by_slurm_and_resumes_from_its_checkpoint(
     slurm_service.token.write_text("hold")
     job_id = slurm_service.submit(slurm_spec(tiny_model_dir, text_dataset))
     slurm_id = slurm_service.wait_held(job_id)  # its step-2 checkpoint is complete
+    interrupted = time.monotonic()
     try:
         # The second node fails: Slurm ends the job's run on both nodes (NODE_FAIL) and, the job
         # being submitted with --requeue, puts it back in its queue.
@@ -364,7 +379,7 @@ def test_a_node_failure_is_requeued_by_slurm_and_resumes_from_its_checkpoint(
         assert job["status"] == "running" and job["attempt"] == 1, job  # the job stays with Slurm
     finally:
         resume_node("twinkle2")  # whatever happened: the next tests need both nodes
-    start_requeued_now(slurm_id)
+    start_requeued_now(slurm_id, not_before=interrupted + REQUEUE_SETTLE_SECONDS)
     job = slurm_service.svc.wait_terminal(job_id, timeout=300)
     assert job["status"] == "succeeded", (job, slurm_service.svc.worker_log())
     assert job["attempt"] == 1, job  # Slurm requeued it: no retry of ours
