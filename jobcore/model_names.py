@@ -15,8 +15,10 @@ becomes `-`.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Any
 
 FINE_TUNED_PREFIX = "ft:"
 CHECKPOINT_INFIX = ":ckpt-"
@@ -44,6 +46,12 @@ def fine_tuned_model_name(job_id: str, model_id: str, suffix: str | None) -> str
         parts.append(_part(suffix))
     parts.append(job_id)
     return ":".join(parts)
+
+
+def job_model_name(job_id: str, spec: Mapping[str, Any] | None, suffix: str | None) -> str:
+    """`fine_tuned_model_name` of a job from its stored spec (its `model.model_id`)."""
+    model_id = ((spec or {}).get("model") or {}).get("model_id")
+    return fine_tuned_model_name(job_id, model_id if isinstance(model_id, str) else "", suffix)
 
 
 def checkpoint_model_name(job_id: str, step: int) -> str:

@@ -22,6 +22,11 @@ def _default_data_dir() -> Path:
     return Path.home() / ".twinkle-jobs"
 
 
+# The embedded database and broker in the data dir (when no URL is configured).
+EMBEDDED_DATABASE = "twinkle.db"
+EMBEDDED_BROKER = "broker.db"
+
+
 class _Environment(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TWINKLE_", extra="ignore")
 
@@ -165,11 +170,11 @@ class Settings(SharedSettings, ServerSettings, WorkerSettings, ServingSettings):
 
     @property
     def resolved_database_url(self) -> str:
-        return self.database_url or f"sqlite:///{self.data_dir / 'twinkle.db'}"
+        return self.database_url or f"sqlite:///{self.data_dir / EMBEDDED_DATABASE}"
 
     @property
     def resolved_broker_url(self) -> str:
-        return self.broker_url or f"sqla+sqlite:///{self.data_dir / 'broker.db'}"
+        return self.broker_url or f"sqla+sqlite:///{self.data_dir / EMBEDDED_BROKER}"
 
     @property
     def resolved_rate_limit_url(self) -> str | None:
@@ -185,7 +190,43 @@ class Settings(SharedSettings, ServerSettings, WorkerSettings, ServingSettings):
         server and the host of one machine agree without set-up)."""
         if self.serving_secret:
             return self.serving_secret
-        return _secret_in(self.data_dir / "serving-secret")
+        return _secret_in(self.serving_secret_path)
+
+    @property
+    def serving_secret_path(self) -> Path:
+        return self.data_dir / "serving-secret"
+
+    @property
+    def local_token_path(self) -> Path:
+        """Where the local stack (`up`, `demo`) keeps its admin token."""
+        return self.data_dir / "local-admin-token"
+
+    @property
+    def archives_dir(self) -> Path:
+        """Checkpoint and tracker archives, built for downloads."""
+        return self.data_dir / "archives"
+
+    @property
+    def stack_logs_dir(self) -> Path:
+        """The local stack's children's logs (`demo`)."""
+        return self.data_dir / "logs"
+
+    @property
+    def vllm_work_dir(self) -> Path:
+        return self.data_dir / "serving"
+
+    @property
+    def service_dirs(self) -> list[Path]:
+        """The data dir's folders that are the service's own: every project's jobs, uploads and
+        archives, the stack's logs, the vLLM backend's work (no spec may read them by path)."""
+        return [self.jobs_dir, self.files_dir, self.archives_dir, self.stack_logs_dir, self.vllm_work_dir]
+
+    @property
+    def service_files(self) -> list[Path]:
+        """The service's own files at the data dir's top: the embedded databases (SQLite's side
+        files start with their names), the serving secret and the local stack's admin token."""
+        names = (EMBEDDED_DATABASE, EMBEDDED_BROKER)
+        return [*(self.data_dir / name for name in names), self.serving_secret_path, self.local_token_path]
 
     @property
     def jobs_dir(self) -> Path:

@@ -19,7 +19,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jobcore import model_names, storage
-from jobcore.db.models import Checkpoint, Job
+from jobcore.db.models import Job
+from jobcore.jobs.checkpoints import live_checkpoint
 from jobcore.jobs.states import LIVE, JobStatus
 
 
@@ -60,10 +61,9 @@ def find_trained_base(session: Session, project_id: str, model_id: str) -> Train
     job = session.get(Job, parsed.job_id)
     if job is None or job.project_id != project_id:
         raise NotATrainedBase(f"no job '{parsed.job_id}' in this project")
-    spec_model = (job.spec or {}).get("model") or {}
     step: int | None = None
     if isinstance(parsed, model_names.FineTunedName):
-        own = model_names.fine_tuned_model_name(job.id, str(spec_model.get("model_id") or ""), job.name)
+        own = model_names.job_model_name(job.id, job.spec, job.name)
         if own != model_id:
             raise NotATrainedBase(f"'{model_id}' is not the name of job '{job.id}''s model ('{own}')")
         if job.status != JobStatus.SUCCEEDED:
@@ -79,10 +79,7 @@ def find_trained_base(session: Session, project_id: str, model_id: str) -> Train
             "(`twinkle-jobs checkpoints export JOB STEP`), put the folder under an allowed root "
             "and name that path"
         )
-    query = select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.deleted.is_(False))
-    if step is not None:
-        query = query.where(Checkpoint.step == step)
-    checkpoint = session.scalars(query.order_by(Checkpoint.step.desc()).limit(1)).one_or_none()
+    checkpoint = live_checkpoint(session, job.id, step)
     if checkpoint is None:
         at = f"at step {step}" if step is not None else "left"
         raise NotATrainedBase(f"job '{job.id}' has no complete checkpoint {at}")

@@ -45,7 +45,7 @@ def choose_backend(settings: Settings) -> Backend:
     if choice == "vllm" or (choice == "auto" and vllm_usable()):
         from serving.vllm_backend import VllmBackend
 
-        return VllmBackend(work_dir=settings.data_dir / "serving")
+        return VllmBackend(work_dir=settings.vllm_work_dir)
     from serving.generation import TransformersBackend
 
     return TransformersBackend()

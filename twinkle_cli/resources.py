@@ -251,10 +251,11 @@ def upload_local_datasets(client: TwinkleClient, spec: dict[str, Any]) -> None:
         local = Path(value)
         if not local.is_file():
             continue  # not a local file: the server's 422 names the field
-        if local.resolve() not in ids:
-            ids[local.resolve()] = client.files.upload(local)["id"]
-            click.echo(f"uploaded {value} as {ids[local.resolve()]} (spec.data.{field})", err=True)
-        data[field] = ids[local.resolve()]
+        key = local.resolve()
+        if key not in ids:
+            ids[key] = client.files.upload(local)["id"]
+            click.echo(f"uploaded {value} as {ids[key]} (spec.data.{field})", err=True)
+        data[field] = ids[key]
 
 
 def _follow(client: TwinkleClient, job_id: str, timeout: float | None, output: str) -> None:

@@ -42,7 +42,7 @@ def local_token(settings: Settings) -> str:
     """The admin token of a local stack: TWINKLE_BOOTSTRAP_TOKEN, else one kept in the data dir."""
     if settings.bootstrap_token:
         return settings.bootstrap_token
-    path = settings.data_dir / "local-admin-token"
+    path = settings.local_token_path
     if path.exists():
         return path.read_text().strip()
     token = "tw-" + secrets.token_urlsafe(24)
@@ -79,7 +79,7 @@ class LocalStack:
             "TWINKLE_DATA_DIR": str(self.settings.data_dir),
             "TWINKLE_BOOTSTRAP_TOKEN": self.token,
         }
-        log_dir = self.settings.data_dir / "logs"
+        log_dir = self.settings.stack_logs_dir
         log_dir.mkdir(parents=True, exist_ok=True)
         out = open(log_dir / log_name, "ab") if self.quiet else None  # noqa: SIM115
         proc = subprocess.Popen(
@@ -139,8 +139,8 @@ class LocalStack:
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if any(p.poll() is not None for p in self.procs):
-                where = self.settings.data_dir / "logs" if self.quiet else "its output above"
+            if self.exited() is not None:
+                where = self.settings.stack_logs_dir if self.quiet else "its output above"
                 raise StackError(f"the server exited during start-up; see {where}")
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
@@ -173,8 +173,9 @@ class LocalStack:
         # A row of an earlier process with the same pid is older. A process's start time is known
         # to about a second (the kernel gives its boot time in whole seconds), hence the margin.
         since = self.started_at - timedelta(seconds=2)
+        worker_pid = next(pid for pid, command in self.commands.items() if command == "worker")
         worker = session.scalars(
-            select(WorkerNode).where(WorkerNode.pid == self.procs[1].pid, WorkerNode.started_at >= since)
+            select(WorkerNode).where(WorkerNode.pid == worker_pid, WorkerNode.started_at >= since)
         ).first()
         host = session.scalars(select(ServingHost).where(ServingHost.started_at >= self.started_at)).first()
         found: dict[str, str | None] = {"worker": None, "inference": None}

@@ -80,7 +80,7 @@ def pack_artifact(settings: Settings, job_dir: Path, job_id: str, name: str) -> 
     files = list(_files(root, output))
     if not files:
         raise NotFound(f"job '{job_id}' has no {name} output (yet)", param="name")
-    scratch = settings.data_dir / "archives"
+    scratch = settings.archives_dir
     scratch.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{job_id}-{name}.", suffix=".tar.gz", dir=scratch)
     os.close(fd)

@@ -74,7 +74,7 @@ def checkpoint_archive(settings: Settings, checkpoint: Checkpoint) -> Path:
     source = Path(os.path.realpath(checkpoint.path)) if not remote else None
     if source is not None and (not source.is_relative_to(settings.data_dir) or not source.is_dir()):
         raise NotFound(f"the files of checkpoint '{checkpoint.id}' are no longer on disk")
-    archives = settings.data_dir / "archives"
+    archives = settings.archives_dir
     archives.mkdir(parents=True, exist_ok=True)
     target = archives / f"{checkpoint.id}.tar"
     if target.is_file():

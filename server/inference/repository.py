@@ -54,16 +54,6 @@ def job_with_checkpoint(
     return JobCheckpoint(*row) if row is not None else None
 
 
-def live_checkpoint(session: Session, job_id: str, step: int | None) -> Checkpoint | None:
-    """The job's checkpoint at `step`, or its newest (None: the job's final model). Rows exist only
-    for complete checkpoints (the worker records one after its COMPLETE marker), and a checkpoint
-    dropped by retention is `deleted`."""
-    query = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.deleted.is_(False))
-    if step is not None:
-        query = query.where(Checkpoint.step == step)
-    return session.scalars(query.order_by(Checkpoint.step.desc()).limit(1)).one_or_none()
-
-
 def checkpoint_at_path(session: Session, project_id: str, path: str) -> tuple[Job, Checkpoint] | None:
     """A live checkpoint of the project by its directory: what `fine_tuned_model` used to be."""
     query = (

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from jobcore import model_names as names
 from jobcore import storage
+from jobcore.jobs.checkpoints import live_checkpoint
 from jobcore.jobs.states import JobStatus
 from server.auth.principal import Principal
 from server.errors import NotFound
@@ -75,8 +76,7 @@ class JobFields(Protocol):
 
 def fine_tuned_model(job: JobFields) -> str:
     """The `fine_tuned_model` of a job (meaningful once it succeeded)."""
-    model_id = ModelSection.model_validate((job.spec or {}).get("model") or {}).model_id or ""
-    return names.fine_tuned_model_name(job.id, model_id, job.name)
+    return names.job_model_name(job.id, job.spec, job.name)
 
 
 def _base_of(job: JobFields) -> dict[str, Any]:
@@ -148,7 +148,7 @@ def get_model(session: Session, principal: Principal, model: str) -> ModelObject
             raise
         return ModelObject(id=model, created=_unix(first_used), owned_by=BASE_MODEL_OWNER, servable=False)
     job = repository.job_in_project(session, principal.project_id, served.job_id)
-    checkpoint = repository.live_checkpoint(session, served.job_id, served.step)
+    checkpoint = live_checkpoint(session, served.job_id, served.step)
     assert job is not None and checkpoint is not None  # resolve() has just read both
     final = isinstance(names.parse(model), names.FineTunedName)
     return ModelObject(

@@ -162,28 +162,18 @@ def check_local_path(value: str, param: str, settings: Settings) -> Path:
     return real
 
 
-SERVICE_DATABASES = ("twinkle.db", "broker.db")
-SERVICE_SECRETS = frozenset({"serving-secret", "local-admin-token"})
-
-
 def _in_service_storage(real: Path, settings: Settings) -> bool:
-    """Whether a resolved path is the service's own: every project's jobs (checkpoints, logs,
-    exports), uploads and checkpoint archives, and its files at the data dir's top (the SQLite
-    databases, the admin token, the serving secret). The data dir is an allowed root by default
-    (a user's models and data may sit beside these), and a path there must not reach another
-    project's weights or data, or the service's secrets; a project's own uploads go by file id."""
-    # Jobs, uploads, checkpoint archives, the stack's logs, the vLLM backend's work.
-    others = ("archives", "logs", "serving")
-    for owned in (settings.jobs_dir, settings.files_dir, *(settings.data_dir / name for name in others)):
+    """Whether a resolved path is the service's own (`Settings.service_dirs`, `service_files`).
+    The data dir is an allowed root by default (a user's models and data may sit beside these),
+    and a path there must not reach another project's weights or data, or the service's secrets;
+    a project's own uploads go by file id, a fine-tuned model by its name."""
+    for owned in settings.service_dirs:
         root = Path(os.path.realpath(owned))
         if real == root or real.is_relative_to(root):
             return True
-    if real.parent != Path(os.path.realpath(settings.data_dir)):
-        return False
-    # Its files at the top: the embedded databases (jobcore.settings) with SQLite's side files,
-    # the serving secret and the local stack's admin token (twinkle_cli.stack). A user's own
-    # dataset beside them stays readable.
-    return real.name in SERVICE_SECRETS or real.name.startswith(SERVICE_DATABASES)
+    owned_files = [Path(os.path.realpath(path)) for path in settings.service_files]
+    # SQLite's side files (-wal, -shm, -journal) start with their database's name.
+    return any(real.parent == path.parent and real.name.startswith(path.name) for path in owned_files)
 
 
 def check_trained_base(spec: JobSpec, session: Session, project_id: str, param: str) -> None:

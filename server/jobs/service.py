@@ -333,7 +333,7 @@ def delete_job(session: Session, settings: Settings, principal: Principal, job_i
         raise Conflict(f"jobs still to train from this job's model: {names}", code="model_in_use")
     artifacts = [job_dir(settings, job)]
     artifacts += [
-        settings.data_dir / "archives" / f"{c.id}.tar" for c in repository.live_checkpoints(session, [job.id])
+        settings.archives_dir / f"{c.id}.tar" for c in repository.live_checkpoints(session, [job.id])
     ]
     # Events, metrics and checkpoints go with the row (ON DELETE CASCADE).
     session.delete(job)
