@@ -133,3 +133,27 @@ def test_an_action_and_a_status_the_dashboard_never_heard_of(
     row.wait_for()
     assert row.get_attribute("data-status") == "archived"
     assert page.locator('.chip[data-filter="all"]').get_attribute("aria-pressed") == "true"
+
+
+def test_a_job_page_left_while_loading_leaves_nothing_behind(
+    stack: Any, page: Any, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    # The first load of the job is held back; the user goes to the jobs list and back to the job
+    # meanwhile. When the held answer comes, its page must not join the one now shown (a stale
+    # mount once added its buttons beside the current page's: CI, 12-05 and 12-06).
+    job_id = submit_job(stack, tmp_path, tiny_model_dir, "e2e-stale")["id"]
+    sign_in(page, stack.url, stack.token)
+    page.wait_for_url(re.compile(r"#/jobs"))
+    held: list[Any] = []
+    page.route(f"**/v1/jobs/{job_id}", lambda route: held.append(route) if not held else route.continue_())
+    page.goto(f"{stack.url}/#/jobs/{job_id}")
+    page.wait_for_timeout(300)
+    assert len(held) == 1  # the first mount is waiting for its job
+    page.evaluate("() => { location.hash = '#/jobs'; }")
+    page.wait_for_timeout(300)
+    page.evaluate(f"() => {{ location.hash = '#/jobs/{job_id}'; }}")
+    buttons_are(page, api_job(stack, job_id)["actions"])
+    held[0].continue_()  # the stale mount now gets its job
+    page.wait_for_timeout(1000)
+    buttons_are(page, api_job(stack, job_id)["actions"])
+    assert page.evaluate("() => document.querySelectorAll('.page-head').length") == 1

@@ -59,10 +59,14 @@ async function route() {
   const mine = ++generation;
   updateChrome(r.nav);
   const params = Object.fromEntries(r.keys.map((key, i) => [key, decodeURIComponent(m[i + 1])]));
-  main.replaceChildren();
+  // Each route mounts into an element of its own: a mount still awaiting its data when the user
+  // (or a second hashchange) moves on then fills a detached element, not the page. Mounting into
+  // `main` itself let a stale job page add its buttons beside the current one's.
+  const root = document.createElement("div");
+  main.replaceChildren(root);
   main.setAttribute("aria-busy", "true");
   try {
-    const stop = await r.view.mount(main, { params, query, navigate });
+    const stop = await r.view.mount(root, { params, query, navigate });
     // A slow mount may finish after the user moved on: stop it at once.
     if (mine !== generation) stop?.();
     else cleanup = stop || (() => {});
