@@ -568,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
 
     job_dir = args.spec.resolve().parent
     is_main = int(os.environ.get("RANK", "0")) == 0
-    progress = ProgressWriter(job_dir, enabled=is_main)
+    progress = ProgressWriter(job_dir, enabled=is_main, echo=True)
     runner: JobRunner | None = None
     try:
         from twinkle_core.spec import JobSpec

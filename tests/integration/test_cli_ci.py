@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -103,6 +104,10 @@ def test_ci_script_passes_and_fails_with_the_job(
 
     logs = cli(service, "jobs", "logs", job["id"], "-n", "50")
     assert logs.returncode == 0 and "==>" in logs.stdout
+    # The log tells the training as it went, not only warnings: rank 0's lines for its events.
+    assert "[rank0]:" in logs.stdout and "training started: 2 steps, world size 2" in logs.stdout
+    assert re.search(r"step 2/2: loss=\d+\.\d{4} lr=", logs.stdout), logs.stdout
+    assert "training finished at step 2" in logs.stdout
 
     # The next round trains on from the model by its name, as OpenAI's fine-tuning does.
     model = job["fine_tuned_model"]
