@@ -22,7 +22,8 @@ def list_workers(
     session: Session, principal: Principal, stale_after_seconds: float
 ) -> list[dict[str, object]]:
     """Every worker with its GPUs, running jobs and the GPUs of its machine that serving hosts
-    hold; other projects' job ids are hidden unless admin."""
+    hold; other projects' job ids are hidden but from the operator (an admin of another project
+    administers that project only)."""
     workers = list(session.scalars(select(WorkerNode).order_by(WorkerNode.host, WorkerNode.id)))
     active = [s.value for s in ACTIVE]
     running = session.execute(
@@ -34,7 +35,7 @@ def list_workers(
     out: list[dict[str, object]] = []
     for worker in workers:
         mine = [r for r in running if r.worker_id == worker.id]
-        visible = [r.id for r in mine if principal.has("admin") or r.project_id == principal.project_id]
+        visible = [r.id for r in mine if principal.is_operator or r.project_id == principal.project_id]
         busy = _gpu_numbers([g for r in mine for g in (r.gpu_ids or [])])
         out.append(
             {
