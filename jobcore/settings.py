@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import secrets
 import socket
 from functools import lru_cache
@@ -25,6 +26,14 @@ def _default_data_dir() -> Path:
 # The embedded database and broker in the data dir (when no URL is configured).
 EMBEDDED_DATABASE = "twinkle.db"
 EMBEDDED_BROKER = "broker.db"
+
+
+def redacted_url(url: str) -> str:
+    """`url` for a log line or a message: a password in it (`user:password@`, or libpq's
+    `password=` parameter) reads `***`. Rewritten in place, not re-assembled, so any other part
+    (sqlite's four slashes) stays as written."""
+    url = re.sub(r"^([A-Za-z][\w+.-]*://[^:/?#@]*):[^/?#@]*@", r"\1:***@", url)
+    return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", url)
 
 
 class _Environment(BaseSettings):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from jobcore.settings import get_settings
+from jobcore.settings import get_settings, redacted_url
 
 if TYPE_CHECKING:
     from twinkle_cli.stack import LocalStack
@@ -69,7 +69,7 @@ def migrate() -> None:
 
     settings = get_settings()
     upgrade(settings.resolved_database_url)
-    click.echo(f"database at head: {settings.resolved_database_url}")
+    click.echo(f"database at head: {redacted_url(settings.resolved_database_url)}")
 
 
 @cli.command()

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from jobcore.settings import redacted_url
+
 log = logging.getLogger(__name__)
 
 PERIOD_SECONDS = 60.0
@@ -133,7 +135,8 @@ class RedisRateLimiter:
             allowed, full_in, wait = await self._script(keys=[self._prefix + key], args=[per_minute])
         except (RedisError, OSError) as exc:
             if not self._warned:
-                log.warning("rate limits: Redis at %s failed (%s); counting in this process", self.url, exc)
+                where = redacted_url(self.url)
+                log.warning("rate limits: Redis at %s failed (%s); counting in this process", where, exc)
                 self._warned = True
             return self._fallback.verdict(key, per_minute)
         self._warned = False
