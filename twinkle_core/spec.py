@@ -34,6 +34,10 @@ Launcher = Literal["torchrun", "ray", "slurm"]
 SamplePrompt = Annotated[str, StringConstraints(min_length=1, max_length=2000)]
 
 
+# numpy's and torch's seeds are 32-bit: a larger one fails only when the run starts.
+MAX_SEED = 2**32 - 1
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
@@ -153,7 +157,7 @@ class TrainingSection(_Section):
         default=8, ge=1, description="Global micro-batch size, split over the data-parallel ranks"
     )
     gradient_accumulation_steps: int = Field(default=1, ge=1)
-    seed: int = Field(default=42, ge=0)
+    seed: int = Field(default=42, ge=0, le=MAX_SEED)
     log_every: int = Field(default=1, ge=1)
     eval_every: int | None = Field(default=None, ge=1)
     save_every: int | None = Field(default=None, ge=1)

@@ -242,6 +242,15 @@ def check_model_kwargs(kwargs: dict[str, Any], param: str) -> None:
 
 
 def check_config_keys(config: dict[str, Any], param: str) -> None:
-    for key in config:
+    """No key of FORBIDDEN_CONFIG_KEYS nor a private one, and an attention implementation of
+    ATTN_IMPLEMENTATIONS only: transformers reads any other as a hub kernel to download and run.
+    Nested dicts (a composite model's sub-configs) are held to the same rules."""
+    for key, value in config.items():
+        where = f"{param}.{key}"
         if key in FORBIDDEN_CONFIG_KEYS or key.startswith("_"):
-            raise InvalidRequest(f"{param}.{key} is not allowed in a job spec", param=f"{param}.{key}")
+            raise InvalidRequest(f"{where} is not allowed in a job spec", param=where)
+        if key == "attn_implementation" and value is not None and value not in ATTN_IMPLEMENTATIONS:
+            expected = ", ".join(ATTN_IMPLEMENTATIONS)
+            raise InvalidRequest(f"{where} must be one of {expected}, got {value!r}", param=where)
+        if isinstance(value, dict):
+            check_config_keys(value, where)

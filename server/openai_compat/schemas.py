@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from twinkle_core.spec import MAX_SEED
+
 Auto = Literal["auto"]
 
 
@@ -47,7 +49,7 @@ class FineTuningJobCreate(BaseModel):
     hyperparameters: Hyperparameters | None = None
     method: Method | None = None
     suffix: str | None = Field(default=None, max_length=64)
-    seed: int | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     metadata: dict[str, str] | None = None
     integrations: list[dict[str, Any]] | None = Field(default=None, description="Accepted and ignored")
     twinkle_spec: dict[str, Any] | None = Field(

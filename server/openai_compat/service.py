@@ -27,7 +27,7 @@ from server.openai_compat.schemas import (
     Hyperparameters,
     ResolvedHyperparameters,
 )
-from twinkle_core.spec import OptimizerSection, TrainingSection
+from twinkle_core.spec import OptimizerSection, ResourcesSection, TrainingSection
 from twinkle_core.spec_hints import meant_instead
 
 # "auto" means JobSpec's own default, so the two APIs cannot drift apart: the learning rate that
@@ -54,6 +54,9 @@ STATUS_MAP = {
 }
 
 # Where an OpenAI field lands in the JobSpec, to name the OpenAI field in errors.
+# The sections of twinkle_spec that the OpenAI fields are merged into.
+MERGED_SECTIONS = ("model", "data", "training", "optimizer", "resources")
+
 FIELD_FOR_SPEC_PATH = {
     "spec.model.model_id": "model",
     "spec.data.train_file": "training_file",
@@ -79,14 +82,17 @@ def to_job_create(body: FineTuningJobCreate) -> JobCreate:
         raise InvalidRequest("only the 'supervised' method is supported", param="method.type")
     hp = _hyperparameters(body)
     spec: dict[str, Any] = copy.deepcopy(body.twinkle_spec or {})
+    for section in MERGED_SECTIONS:  # the OpenAI fields are merged into these
+        if section in spec and not isinstance(spec[section], dict):
+            param = f"twinkle_spec.{section}"
+            raise InvalidRequest(f"{param}: must be an object, got {spec[section]!r}", param=param)
     spec.setdefault("model", {})["model_id"] = body.model
     data = spec.setdefault("data", {})
     data["train_file"] = body.training_file
     if body.validation_file:
         data["validation_file"] = body.validation_file
     training = spec.setdefault("training", {})
-    resources = spec.get("resources") or {}
-    world = int(resources.get("nnodes", 1)) * int(resources.get("nproc_per_node", 1))
+    world = _world_size(spec.get("resources") or {})
     if hp.n_epochs != "auto":
         training["num_epochs"] = hp.n_epochs
         training.pop("max_steps", None)
@@ -114,6 +120,16 @@ def to_job_create(body: FineTuningJobCreate) -> JobCreate:
             if meant is not None:
                 message += f" (did you mean '{meant}'?)"
         raise InvalidRequest(f"{param}: {message}", param=param) from exc
+
+
+def _world_size(resources: dict[str, Any]) -> int:
+    """The ranks the job asks for; 1 when its resources are invalid (the job body's validation
+    then names the bad field)."""
+    try:
+        asked = ResourcesSection.model_validate(resources)
+    except ValidationError:
+        return 1
+    return asked.nnodes * asked.nproc_per_node
 
 
 def openai_param(native: str) -> str:

@@ -393,3 +393,51 @@ def test_allowed_model_kwargs_are_accepted(api: Api) -> None:
 def test_model_config_cannot_name_remote_code_quantizers_or_private_fields(api: Api, key: str) -> None:
     error = refused(api, with_spec(model={"config": {key: {"AutoModel": "x.Model"}}}))
     assert error["param"] == f"spec.model.config.{key}", error
+
+
+CONFIG = "spec.model.config"
+
+
+@pytest.mark.parametrize(
+    ("config", "param"),
+    [
+        # transformers reads an attention implementation it does not know as a hub kernel to fetch
+        ({"attn_implementation": "kernels-community/flash-attn3"}, "spec.model.config.attn_implementation"),
+        (
+            {"text_config": {"attn_implementation": "kernels-community/flash-attn3"}},
+            "spec.model.config.text_config.attn_implementation",
+        ),
+        (
+            {"text_config": {"_attn_implementation": "sdpa"}},
+            "spec.model.config.text_config._attn_implementation",
+        ),
+        (
+            {"vision_config": {"auto_map": {"AutoModel": "x.Model"}}},
+            "spec.model.config.vision_config.auto_map",
+        ),
+    ],
+)
+def test_model_config_cannot_name_a_hub_kernel_at_any_depth(
+    api: Api, config: dict[str, Any], param: str
+) -> None:
+    tiny = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    body = spec_body()
+    body["spec"]["model"] = {"config": {**tiny, **config}, "tokenizer_id": "org/tokenizer"}
+    error = refused(api, body)
+    assert error["param"] == param, error
+
+
+def test_a_listed_attention_implementation_in_the_config_is_accepted(api: Api) -> None:
+    config = {"model_type": "llama", "hidden_size": 64, "attn_implementation": "sdpa"}
+    job = api.submit(
+        spec={
+            "model": {"config": config, "tokenizer_id": "org/tokenizer"},
+            "data": {"train_file": "hf://datasets/org/d"},
+        }
+    )
+    assert job["spec"]["model"]["config"]["attn_implementation"] == "sdpa"
+
+
+@pytest.mark.parametrize("seed", [2**32, 2**70])
+def test_a_seed_over_32_bits_is_refused_before_it_fails_the_run(api: Api, seed: int) -> None:
+    assert refused(api, with_spec(training={"seed": seed}))["param"] == "spec.training.seed"

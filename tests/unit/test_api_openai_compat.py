@@ -173,3 +173,41 @@ def test_files_through_the_openai_client(oa: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         oa.files.retrieve(first.id)
     assert [f.id for f in oa.files.list().data] == [second.id]
+
+
+@pytest.mark.parametrize(
+    ("twinkle_spec", "param"),
+    [
+        ({"resources": {"nproc_per_node": 0}}, "twinkle_spec.resources.nproc_per_node"),
+        ({"resources": {"nnodes": "x"}}, "twinkle_spec.resources.nnodes"),
+        ({"resources": {"nnodes": None}}, "twinkle_spec.resources.nnodes"),
+        ({"resources": [1]}, "twinkle_spec.resources"),
+        ({"model": "x"}, "twinkle_spec.model"),
+        ({"data": "x"}, "twinkle_spec.data"),
+        ({"training": "x"}, "twinkle_spec.training"),
+        ({"optimizer": "x"}, "twinkle_spec.optimizer"),
+    ],
+)
+def test_a_twinkle_spec_section_of_the_wrong_shape_is_a_422_naming_it(
+    api: Api, oa: openai.OpenAI, twinkle_spec: dict[str, object], param: str
+) -> None:
+    file_id = _upload(oa)
+    with pytest.raises(openai.UnprocessableEntityError) as exc:
+        oa.fine_tuning.jobs.create(
+            model="org/tiny-llama",
+            training_file=file_id,
+            hyperparameters={"learning_rate_multiplier": 2.0},  # merged into twinkle_spec.optimizer
+            extra_body={"twinkle_spec": twinkle_spec},
+        )
+    assert exc.value.body["param"] == param  # type: ignore[index]
+    with api.session() as session:
+        assert session.query(Job).count() == 0
+
+
+def test_a_seed_over_32_bits_is_refused(oa: openai.OpenAI) -> None:
+    file_id = _upload(oa)
+    with pytest.raises(openai.UnprocessableEntityError) as exc:
+        oa.fine_tuning.jobs.create(model="org/tiny-llama", training_file=file_id, seed=2**32)
+    assert exc.value.body["param"] == "seed"  # type: ignore[index]
+    job = oa.fine_tuning.jobs.create(model="org/tiny-llama", training_file=file_id, seed=2**32 - 1)
+    assert job.seed == 2**32 - 1
