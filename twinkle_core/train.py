@@ -73,6 +73,7 @@ class _Tracking:
     last_eval_step: int | None = None
     last_eval_loss: float | None = None
     last_saved_step: int | None = None
+    last_loss: float | None = None  # the training loss of the last optimizer step, for checkpoints
     boundary_consumed: int = 0  # consumed_train_samples at the last optimizer-step boundary
     window_tokens: int = 0
     window_samples: int = 0
@@ -351,6 +352,7 @@ class JobRunner:
         step = model.cur_step
         tracking = self.tracking
         tracking.window_tokens += int(result["num_tokens"])
+        tracking.last_loss = float(result["loss"])
         if step % training.log_every == 0 or step == self.total_steps:
             elapsed = max(time.perf_counter() - tracking.window_start, 1e-9)
             tokens_per_second = tracking.window_tokens / elapsed
@@ -494,7 +496,13 @@ class JobRunner:
             hf_weights=hf_weights,
         )
         tracking.last_saved_step = step
-        metrics = {"eval_loss": tracking.last_eval_loss} if evaluated_now else {}
+        # The step's training loss (none when nothing trained since a resume), and its eval loss
+        # when it was evaluated at this step.
+        metrics: dict[str, float] = {}
+        if tracking.last_loss is not None:
+            metrics["loss"] = tracking.last_loss
+        if evaluated_now and tracking.last_eval_loss is not None:
+            metrics["eval_loss"] = tracking.last_eval_loss
         if model.info.is_main:
             if is_best:
                 assert tracking.best_eval_loss is not None

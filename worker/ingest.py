@@ -6,6 +6,7 @@ cursor, so a worker that dies mid-batch re-reads exactly the lines it had not co
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +77,11 @@ class _Rows:
             {"job_id": self.job_id, "type": type_, "level": level, "message": message[:4000], "data": data}
         )
 
-    def metric(self, name: str, step: int, value: float) -> None:
-        self.metrics.append({"job_id": self.job_id, "name": name, "step": step, "value": value})
+    def metric(self, name: str, step: int, value: float, record: dict[str, Any]) -> None:
+        """A point stamped with when the runner logged it: ingestion stores a batch of steps at
+        once, and a job's ETA is paced from these stamps."""
+        point = {"job_id": self.job_id, "name": name, "step": step, "value": value}
+        self.metrics.append({**point, "created_at": _runner_time(record)})
 
     def write(self, session: Session) -> None:
         """One multi-row INSERT per table. Core inserts skip the ORM's unit of work, which was most
@@ -162,12 +166,23 @@ def ingest_events(
     return seen, job_values
 
 
+def _runner_time(record: dict[str, Any]) -> datetime:
+    """The event's `time` (the runner's clock, seconds since the epoch); now when it has none."""
+    stamp = record.get("time")
+    if isinstance(stamp, int | float) and not isinstance(stamp, bool):
+        try:
+            return datetime.fromtimestamp(stamp, UTC)
+        except (OverflowError, OSError, ValueError):
+            pass
+    return utcnow()
+
+
 def _ingest_step(rows: _Rows, record: dict[str, Any], job_values: dict[str, Any]) -> None:
     step = int(record.get("step") or 0)
     for name in METRIC_FIELDS:
         value = record.get(name)
         if isinstance(value, int | float):
-            rows.metric(name, step, float(value))
+            rows.metric(name, step, float(value), record)
     for name in PROGRESS_FIELDS:
         if record.get(name) is not None:
             job_values[name] = record[name]
@@ -181,7 +196,7 @@ def _ingest_eval(rows: _Rows, record: dict[str, Any]) -> None:
     step = int(record.get("step") or 0)
     value = record.get("eval_loss")
     if isinstance(value, int | float):
-        rows.metric("eval_loss", step, float(value))
+        rows.metric("eval_loss", step, float(value), record)
     rows.event("metrics", f"eval at step {step}: eval_loss={value}", record)
 
 

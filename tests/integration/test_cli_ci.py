@@ -94,6 +94,7 @@ def test_ci_script_passes_and_fails_with_the_job(
 
     checkpoints = json.loads(cli(service, "checkpoints", "list", job["id"], "-o", "json").stdout)
     assert checkpoints and checkpoints[0]["step"] == 2
+    assert checkpoints[0]["metrics"]["loss"] == pytest.approx(job["progress"]["loss"])  # the step's loss
     archive = tmp_path / "ckpt.tar"
     got = cli(service, "checkpoints", "download", job["id"], checkpoints[0]["id"], "--dest", str(archive))
     assert got.returncode == 0, got.stderr

@@ -158,6 +158,8 @@ def test_job_checkpoints_pauses_and_resumes_exactly(
     checkpoints = [e for e in log if e["event"] == "checkpoint"]
     assert [c["step"] for c in checkpoints] == [2, 4, 6]
     assert all("eval_loss" in c["metrics"] for c in checkpoints)
+    losses = {e["step"]: e["loss"] for e in log if e["event"] == "step"}
+    assert [c["metrics"]["loss"] for c in checkpoints] == [losses[2], losses[4], losses[6]]
     root = straight.parent / "checkpoints"
     best = read_best(root)
     assert best is not None

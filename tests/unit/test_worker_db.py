@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
@@ -126,6 +126,33 @@ def test_ingest_writes_metrics_events_checkpoints_and_enforces_the_limit(
         assert names.count("loss") == 3 and names.count("eval_loss") == 1
         kinds = session.scalars(select(JobEvent.type).where(JobEvent.job_id == job_id)).all()
         assert kinds.count("checkpoint") == 3 and kinds.count("metrics") == 4
+
+
+def test_metric_points_carry_the_runners_time_so_a_batch_still_paces_the_eta(
+    settings: Settings, project: str
+) -> None:
+    """Ingestion stores a batch of steps at once; the ETA (server.jobs.present) is paced from the
+    points' stamps, which must be when the runner logged each step, not when the batch landed."""
+    from server.jobs.present import _eta_seconds
+    from server.jobs.repository import recent_metric_points
+
+    job_id = add_job(settings, project)
+    t0 = utcnow().timestamp() - 60
+    events: list[dict[str, Any]] = [{"event": "started", "total_steps": 40, "world_size": 1, "time": t0}]
+    for step in range(1, 11):  # 2 s a step, logged 60 s ago, ingested now in one batch
+        events.append({"event": "step", "step": step, "total_steps": 40, "loss": 1.0, "time": t0 + 2 * step})
+    events.append({"event": "eval", "step": 10, "eval_loss": 0.5})  # no time: stamped now
+    with session_scope(settings.resolved_database_url) as session:
+        ingest_events(session, job_id, events, save_total_limit=None)
+    with session_scope(settings.resolved_database_url) as session:
+        points = recent_metric_points(session, [job_id], "loss", 5)[job_id]
+        assert [step for step, _ in points] == [10, 9, 8, 7, 6]
+        stamps = [at.replace(tzinfo=at.tzinfo or UTC).timestamp() for _, at in points]
+        assert stamps == pytest.approx([t0 + 2 * step for step in (10, 9, 8, 7, 6)], abs=1e-3)
+        row = {"total_steps": 40, "step": 10}
+        assert _eta_seconds(row, points) == pytest.approx(60.0)  # 30 steps left at 2 s a step
+        eval_at = session.scalars(select(JobMetric.created_at).where(JobMetric.name == "eval_loss")).one()
+        assert eval_at.replace(tzinfo=eval_at.tzinfo or UTC) > utcnow() - timedelta(seconds=30)
 
 
 def test_a_sample_record_becomes_one_event_and_is_ingested_once(
