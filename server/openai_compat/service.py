@@ -76,6 +76,14 @@ def _hyperparameters(body: FineTuningJobCreate) -> Hyperparameters:
     return body.hyperparameters or Hyperparameters()
 
 
+def _hyperparameters_param(body: FineTuningJobCreate) -> str:
+    """Where the request gave its hyperparameters, for an error's `param`."""
+    method = body.method
+    if method and method.supervised and method.supervised.hyperparameters:
+        return "method.supervised.hyperparameters"
+    return "hyperparameters"
+
+
 def to_job_create(body: FineTuningJobCreate) -> JobCreate:
     """Resolve "auto" hyperparameters into a full job body; explicit values in twinkle_spec win over auto."""
     if body.method and body.method.type != "supervised":
@@ -94,8 +102,14 @@ def to_job_create(body: FineTuningJobCreate) -> JobCreate:
     training = spec.setdefault("training", {})
     world = _world_size(spec.get("resources") or {})
     if hp.n_epochs != "auto":
+        if training.get("max_steps") is not None:
+            # max_steps would win over the epochs (it does in a native spec): say so, not drop one.
+            raise InvalidRequest(
+                "hyperparameters.n_epochs and twinkle_spec.training.max_steps both set the run's "
+                "length: give one of them",
+                param=_hyperparameters_param(body) + ".n_epochs",
+            )
         training["num_epochs"] = hp.n_epochs
-        training.pop("max_steps", None)
     elif "num_epochs" not in training and "max_steps" not in training:
         training["num_epochs"] = AUTO_EPOCHS
     if hp.batch_size != "auto":

@@ -211,3 +211,29 @@ def test_a_seed_over_32_bits_is_refused(oa: openai.OpenAI) -> None:
     assert exc.value.body["param"] == "seed"  # type: ignore[index]
     job = oa.fine_tuning.jobs.create(model="org/tiny-llama", training_file=file_id, seed=2**32 - 1)
     assert job.seed == 2**32 - 1
+
+
+def test_n_epochs_and_max_steps_together_are_a_422_not_one_dropped(api: Api, oa: openai.OpenAI) -> None:
+    file_id = _upload(oa)
+    length = {"twinkle_spec": {"training": {"max_steps": 3}}}
+    with pytest.raises(openai.UnprocessableEntityError) as exc:
+        oa.fine_tuning.jobs.create(
+            model="org/tiny-llama", training_file=file_id, hyperparameters={"n_epochs": 1}, extra_body=length
+        )
+    assert exc.value.body["param"] == "hyperparameters.n_epochs"  # type: ignore[index]
+    assert "max_steps" in exc.value.body["message"]  # type: ignore[index]
+    method = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2}}}
+    with pytest.raises(openai.UnprocessableEntityError) as exc:
+        oa.fine_tuning.jobs.create(
+            model="org/tiny-llama", training_file=file_id, method=method, extra_body=length
+        )  # type: ignore[arg-type]
+    assert exc.value.body["param"] == "method.supervised.hyperparameters.n_epochs"  # type: ignore[index]
+    with api.session() as session:
+        assert session.query(Job).count() == 0
+    # Either one alone sets the length.
+    by_steps = oa.fine_tuning.jobs.create(model="org/tiny-llama", training_file=file_id, extra_body=length)
+    assert by_steps.twinkle_job["spec"]["training"]["max_steps"] == 3  # type: ignore[attr-defined]
+    by_epochs = oa.fine_tuning.jobs.create(
+        model="org/tiny-llama", training_file=file_id, hyperparameters={"n_epochs": 1}
+    )
+    assert by_epochs.hyperparameters.n_epochs == 1
