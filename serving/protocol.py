@@ -94,7 +94,8 @@ class _GenerationRequest(BaseModel):
         if room < 1 or (requested is not None and requested > room):
             asked = f" and max_tokens asks for {requested} more" if requested is not None else ""
             raise InvalidRequest(
-                f"this model's context is {context_length} tokens: the {param} take {prompt_tokens}"
+                f"this model's context is {context_length} tokens: the {param} "
+                f"{'take' if param == 'messages' else 'takes'} {prompt_tokens}"
                 f"{asked}; shorten the {param} or ask for fewer tokens",
                 param=param,
                 code="context_length_exceeded",

@@ -203,7 +203,11 @@ def jobs_submit(
     upload_local_datasets(client, body["spec"])
     job = client.jobs.create(**body)
     if not (wait or follow):
-        _emit(job, output, [f"{job['id']} {job['status']}"])
+        # stdout holds the id alone, for JOB=$(twinkle-jobs jobs submit ...); the rest is for a person.
+        _emit(job, output, [job["id"]])
+        if output == "text":
+            hint = f"twinkle-jobs jobs wait {job['id']} --follow"
+            click.echo(f"{job['status']}; wait for it with: {hint}", err=True)
         return
     if output == "text":
         click.echo(f"submitted {job['id']}")
@@ -524,6 +528,9 @@ def jobs_artifacts(ctx: click.Context, job_id: str, name: str | None, dest: Path
     if name is None:
         items = client.jobs.artifacts(job_id)
         _emit(items, output, [f"{a['name']}  {a['files']} files  {a['size_bytes']} bytes" for a in items])
+        if not items and output == "text":
+            why = "trackers are chosen by spec.training.report_to"
+            click.echo(f"{job_id} has no tracker output ({why})", err=True)
         return
     path = client.jobs.download_artifact(job_id, name, dest or Path(f"{job_id}-{name}.tar.gz"))
     _emit(

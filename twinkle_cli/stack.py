@@ -26,6 +26,7 @@ from jobcore.db.models import ServingHost, WorkerNode
 from jobcore.db.session import session_scope
 from jobcore.gpu_leases import discover_gpus
 from jobcore.settings import Settings
+from server.auth.service import TOKEN_PREFIX
 
 
 class StackError(RuntimeError):
@@ -45,7 +46,7 @@ def local_token(settings: Settings) -> str:
     path = settings.local_token_path
     if path.exists():
         return path.read_text().strip()
-    token = "tw-" + secrets.token_urlsafe(24)
+    token = TOKEN_PREFIX + secrets.token_urlsafe(24)  # spelt like every other token
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:

@@ -1,7 +1,7 @@
 """A small typed Python client for the Twinkle Jobs API.
 
     from twinkle_client import TwinkleClient
-    client = TwinkleClient("http://127.0.0.1:8000", token="tw-...")
+    client = TwinkleClient("http://127.0.0.1:8000", token="tj_...")
     job = client.jobs.create(spec={...}, name="first")
     for event in client.jobs.follow(job["id"]):
         print(event["message"])

@@ -149,7 +149,11 @@ def check_local_path(value: str, param: str, settings: Settings) -> Path:
     real = Path(os.path.realpath(path))
     roots = [Path(os.path.realpath(root)) for root in settings.allowed_root_paths]
     if not any(real == root or real.is_relative_to(root) for root in roots):
-        raise InvalidRequest(f"{param}: '{value}' is outside the allowed data roots", param=param)
+        listed = ", ".join(str(root) for root in settings.allowed_root_paths)
+        raise InvalidRequest(
+            f"{param}: '{value}' is outside the allowed data roots ({listed}; TWINKLE_ALLOWED_ROOTS)",
+            param=param,
+        )
     if _in_service_storage(real, settings):
         raise InvalidRequest(
             f"{param}: '{value}' is in the service's own storage (jobs, uploads, its database and "

@@ -168,6 +168,9 @@ def test_a_symlink_out_of_the_allowed_roots_is_refused(api: Api, tmp_path: Path)
     body["spec"]["data"]["train_file"] = str(link)
     response = api.client.post("/v1/jobs", json=body, headers=api.admin)
     assert response.status_code == 422 and "outside the allowed" in response.json()["error"]["message"]
+    # The message says where files may be, and which setting says so.
+    roots = ", ".join(str(root) for root in api.settings.allowed_root_paths)
+    assert f"({roots}; TWINKLE_ALLOWED_ROOTS)" in response.json()["error"]["message"]
 
 
 def _service_storage_paths(api: Api) -> dict[str, Path]:

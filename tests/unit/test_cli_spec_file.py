@@ -83,6 +83,20 @@ def test_submit_sends_the_file_with_the_overrides(
     assert stored["spec"]["training"]["max_steps"] == 7 and stored["spec"]["training"]["batch_size"] == 2
 
 
+def test_submit_prints_the_job_id_alone_on_stdout(
+    api: Api, spec_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JOB=$(twinkle-jobs jobs submit -f spec.yaml) holds the id; the status goes to stderr."""
+    monkeypatch.setattr(resources, "TwinkleClient", lambda _url, token: client_of(api, token))
+    runner = CliRunner(env={"TWINKLE_TOKEN": BOOTSTRAP, "TWINKLE_URL": "http://testserver"})
+    result = runner.invoke(cli, ["jobs", "submit", "-f", str(spec_file)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+    assert job_id.startswith("job-") and "\n" not in job_id
+    assert api.client.get(f"/v1/jobs/{job_id}", headers=api.admin).json()["status"] == "queued"
+    assert f"queued; wait for it with: twinkle-jobs jobs wait {job_id} --follow" in result.stderr
+
+
 def test_version() -> None:
     result = CliRunner().invoke(cli, ["--version"])
     assert result.exit_code == 0 and result.output.startswith("twinkle-jobs, version ")
