@@ -465,6 +465,8 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
     "--follow", "-f", is_flag=True, help="Keep printing the job's log as it is written, until the job ends"
 )
 @click.option("--timeout", type=float, default=None, help="With --follow: stop after this many s (exit 3)")
+@click.option("--rank", type=int, default=None, help="One rank's own log files (a global rank)")
+@click.option("--all", "all_files", is_flag=True, help="Every log file: the attempt's and each rank's")
 @OUTPUT
 @click.pass_context
 @handle_api_errors
@@ -475,20 +477,33 @@ def jobs_logs(
     attempt: int | None,
     follow: bool,
     timeout: float | None,
+    rank: int | None,
+    all_files: bool,
     output: str,
 ) -> None:
-    """Print the tail of the job's logs (launcher and every rank), or follow them."""
+    """Print the tail of the job's log (every rank's lines, as the launcher tees them), or follow
+    it. Each rank's own files hold the same lines again: `--rank R` shows one rank's, `--all` all."""
     if follow:
-        if attempt is not None:
-            raise click.UsageError("--follow follows the latest attempt; --attempt reads an earlier one")
+        if attempt is not None or rank is not None or all_files:
+            raise click.UsageError("--follow follows the latest attempt's log: no --attempt, --rank or --all")
         _follow_logs(_client(ctx), job_id, lines, timeout, output)
         return
-    logs = _client(ctx).jobs.logs(job_id, lines, attempt)
+    if rank is not None and all_files:
+        raise click.UsageError("--rank shows one rank's files, --all every file: give one")
+    logs = _client(ctx).jobs.logs(job_id, lines, attempt, rank=rank)
+    if rank is None and not all_files:
+        logs["files"] = [log for log in logs["files"] if is_combined_log(log["name"])]
     text: list[str] = []
     for log in logs["files"]:
         text.append(f"==> {log['name']}{' (tail)' if log.get('truncated') else ''} <==")
         text.extend(log["lines"])
     _emit(logs, output, text)
+
+
+def is_combined_log(name: str) -> bool:
+    """Whether a log file (by its listed name) holds every rank's lines: the attempt's log, or a
+    node's torchrun log on a multi-node job, rather than one rank's own stdout or stderr."""
+    return "-ranks/" not in name or name.endswith("/torchrun.log")
 
 
 def _follow_logs(client: TwinkleClient, job_id: str, lines: int, timeout: float | None, output: str) -> None:

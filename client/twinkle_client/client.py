@@ -323,10 +323,12 @@ class Jobs(_Resource):
         *,
         file: str | None = None,
         offset: int | None = None,
+        rank: int | None = None,
     ) -> Json:
         """`{"job_id", "files": [{"name", "lines", "truncated", "end"}]}`: the tail of each log
-        file; with `file` and `offset` (a previous answer's `end`), what that file gained since."""
-        params: Json = {"lines": lines, "attempt": attempt, "file": file, "offset": offset}
+        file (with `rank`, only that global rank's own files); with `file` and `offset` (a
+        previous answer's `end`), what that file gained since."""
+        params: Json = {"lines": lines, "attempt": attempt, "file": file, "offset": offset, "rank": rank}
         clean = {k: v for k, v in params.items() if v is not None}
         result: Json = self._c.json("GET", f"/v1/jobs/{job_id}/logs", params=clean)
         return result

@@ -107,3 +107,37 @@ def test_follow_reads_only_the_latest_attempt(runner: CliRunner, api: Api) -> No
     job_id = api.submit()["id"]
     result = runner.invoke(cli, ["jobs", "logs", job_id, "--follow", "--attempt", "1"])
     assert result.exit_code == 2 and "--follow follows the latest attempt" in result.output
+
+
+def test_the_tail_shows_the_attempts_log_once_and_a_ranks_own_files_on_request(
+    api: Api, runner: CliRunner
+) -> None:
+    """torchrun tees every rank's lines into the attempt's log: its per-rank files would show each
+    line twice, so they come only with --rank or --all."""
+    job_id = api.submit()["id"]
+    logs = api.settings.jobs_dir / job_id / "logs"
+    ranks = logs / "attempt-1-ranks" / "none_ab12" / "attempt_0"
+    for rank in (0, 1):
+        (ranks / str(rank)).mkdir(parents=True)
+        (ranks / str(rank) / "stderr.log").write_text(f"warning from rank {rank}\n")
+    (logs / "attempt-1.log").write_text("[rank0]:warning from rank 0\n[rank1]:warning from rank 1\n")
+    api.force_status(job_id, "running", attempt=1)
+
+    def shown(*args: str) -> list[str]:
+        result = runner.invoke(cli, ["jobs", "logs", job_id, *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return [line for line in result.stdout.splitlines() if line.startswith("==>")]
+
+    assert shown() == ["==> attempt-1.log <=="]
+    assert shown("--rank", "1") == ["==> attempt-1-ranks/none_ab12/attempt_0/1/stderr.log <=="]
+    assert len(shown("--all")) == 3
+    as_json = runner.invoke(cli, ["jobs", "logs", job_id, "-o", "json"], catch_exceptions=False)
+    assert [f["name"] for f in json.loads(as_json.stdout)["files"]] == ["attempt-1.log"]
+    refused = runner.invoke(cli, ["jobs", "logs", job_id, "--rank", "0", "--all"])
+    assert refused.exit_code == 2
+
+
+def test_a_nodes_torchrun_log_holds_its_ranks_lines_and_is_shown() -> None:
+    assert resources.is_combined_log("attempt-2.log")
+    assert resources.is_combined_log("attempt-2-ranks/node-1/torchrun.log")
+    assert not resources.is_combined_log("attempt-2-ranks/node-1/none_x/attempt_0/3/stdout.log")
