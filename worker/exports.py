@@ -35,6 +35,7 @@ from jobcore import storage
 from jobcore.db.models import Checkpoint, Export, Job, utcnow
 from jobcore.db.session import session_scope
 from jobcore.jobs.spec import job_spec
+from jobcore.local_paths import PathRefused, pin_local_path
 from jobcore.settings import Settings
 from twinkle_core.export import ExportRequest, public_base_name
 from worker.checkpoints import local_copy
@@ -138,7 +139,7 @@ class Exporter:
             checkpoint_dir=source,
             output_dir=str(target),
             kind=export.kind,  # type: ignore[arg-type]  # the API only stores EXPORT_KINDS
-            base_model=spec.model.model_id,
+            base_model=self._base_model(spec.model.model_id, export.kind),
             base_model_name=public_base_name(spec.model.model_id),
             model_cls=spec.model.model_cls,
             config=spec.model.config,
@@ -147,6 +148,16 @@ class Exporter:
             job_name=job.name,
             step=export.step,
         )
+
+    def _base_model(self, model_id: str | None, kind: str) -> str | None:
+        """The job's base as the export reads it: a merge loads it, so a local path is checked
+        again and resolved (a link may have changed since submit); the other kinds only name it."""
+        if kind != "merged":
+            return model_id
+        try:
+            return pin_local_path(model_id, self.settings)
+        except PathRefused as exc:
+            raise ValueError(f"the job's base model (model.model_id): {exc}") from None
 
     # ------------------------------------------------------------------------------- running
     def run(self, claimed: ClaimedExport) -> None:

@@ -136,7 +136,7 @@ class NodeSupervisor:
                     assert leader.address and leader.port
                     if not self.paths.spec.exists():  # no shared file system: write our own copy
                         self.job_dir.mkdir(parents=True, exist_ok=True)
-                        write_spec(resolve_spec(session, job), self.job_dir)
+                        write_spec(resolve_spec(session, job, self.settings), self.job_dir)
                     resume_from = local_resume_point(self.settings, session, self.job_id, job.resume_from)
                     gang.update_member(session, self.member_id, status=RUNNING)
                     rendezvous = Rendezvous(

@@ -1,5 +1,6 @@
-"""Turn a stored job spec into the file the runner reads: uploaded file ids become local paths,
-and a fine-tuned model named as the base (`jobcore.trained_base`) its checkpoint's directory."""
+"""Turn a stored job spec into the file the runner reads: local paths are checked again and
+resolved, uploaded file ids become local paths, and a fine-tuned model named as the base
+(`jobcore.trained_base`) its checkpoint's directory."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from jobcore.db.models import File, Job
+from jobcore.local_paths import PathRefused, pin_local_path
+from jobcore.settings import Settings
 from jobcore.trained_base import NotATrainedBase, find_trained_base, is_trained_base_name
 from twinkle_core.spec import JobSpec
 
 
-def resolve_spec(session: Session, job: Job) -> JobSpec:
-    """Validate the stored spec and replace `file-...` ids by the uploaded files' storage paths.
+def resolve_spec(session: Session, job: Job, settings: Settings) -> JobSpec:
+    """Validate the stored spec, replace `file-...` ids by the uploaded files' storage paths, a
+    fine-tuned model's name by its checkpoint, and local paths by their checked real paths
+    (`jobcore.local_paths.pin_local_path`).
 
     Raises ValueError naming the field when the spec is invalid or a file id is unknown: a user
     error, never retried.
@@ -22,6 +27,16 @@ def resolve_spec(session: Session, job: Job) -> JobSpec:
         spec = JobSpec.model_validate(job.spec)
     except Exception as exc:  # pydantic.ValidationError is a ValueError subclass; be explicit anyway
         raise ValueError(f"spec: {exc}") from exc
+    model = spec.model
+    try:
+        # Checked at submit; checked again here, and resolved, in case a link changed since. (A
+        # file id or a model's name is no path, and stays as it is for the steps below.)
+        for field in ("train_file", "validation_file"):
+            setattr(spec.data, field, _pinned(getattr(spec.data, field), f"data.{field}", settings))
+        model.model_id = _pinned(model.model_id, "model.model_id", settings)
+        model.tokenizer_id = _pinned(model.tokenizer_id, "model.tokenizer_id", settings)
+    except PathRefused as exc:
+        raise ValueError(str(exc)) from None
     if is_trained_base_name(spec.model.model_id):
         assert spec.model.model_id is not None
         try:
@@ -36,6 +51,13 @@ def resolve_spec(session: Session, job: Job) -> JobSpec:
             session, job.project_id, data.validation_file, "data.validation_file"
         )
     return spec
+
+
+def _pinned(value: str | None, field: str, settings: Settings) -> str | None:
+    try:
+        return pin_local_path(value, settings)
+    except PathRefused as exc:
+        raise PathRefused(f"{field}: {exc}") from None
 
 
 def _resolve_file(session: Session, project_id: str, ref: str, field: str) -> str:

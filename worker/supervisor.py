@@ -179,7 +179,7 @@ class Supervisor:
                 self._end(session, job, AttemptResult(Outcome.PAUSED, "stopped before launch", None))
                 return None
             try:
-                spec = resolve_spec(session, job)
+                spec = resolve_spec(session, job, self.settings)
             except ValueError as exc:
                 self._end(session, job, AttemptResult(Outcome.USER_ERROR, str(exc), None))
                 return None

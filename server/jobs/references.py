@@ -19,7 +19,6 @@ quantizers or private attributes.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jobcore.db.models import File
+from jobcore.local_paths import PATH_PREFIXES, PathRefused, resolve_local_path
 from jobcore.settings import Settings
 from jobcore.trained_base import NotATrainedBase, find_trained_base, is_trained_base_name
 from server.errors import InvalidRequest
@@ -121,7 +121,7 @@ def check_reference(
         return
     # By its spelling only: whatever exists relative to this process's working directory must
     # not turn a hub id into a path (the worker's runner would not read it from there either).
-    looks_like_path = value.startswith(("/", ".", "~"))
+    looks_like_path = value.startswith(PATH_PREFIXES)
     if HUB_ID.match(value) and not looks_like_path and not uploads:
         return
     if not looks_like_path and uploads:
@@ -141,43 +141,9 @@ def check_reference(
 
 def check_local_path(value: str, param: str, settings: Settings) -> Path:
     try:
-        path = Path(value).expanduser()
-    except RuntimeError:  # `~name/...` of a user this machine does not have
-        raise InvalidRequest(f"{param}: '{value}' names no home directory here", param=param) from None
-    if not path.is_absolute():
-        raise InvalidRequest(f"{param}: a local path must be absolute, got '{value}'", param=param)
-    real = Path(os.path.realpath(path))
-    roots = [Path(os.path.realpath(root)) for root in settings.allowed_root_paths]
-    if not any(real == root or real.is_relative_to(root) for root in roots):
-        listed = ", ".join(str(root) for root in settings.allowed_root_paths)
-        raise InvalidRequest(
-            f"{param}: '{value}' is outside the allowed data roots ({listed}; TWINKLE_ALLOWED_ROOTS)",
-            param=param,
-        )
-    if _in_service_storage(real, settings):
-        raise InvalidRequest(
-            f"{param}: '{value}' is in the service's own storage (jobs, uploads, its database and "
-            "secrets), which no spec reads by path: an upload goes by its file id, a fine-tuned "
-            "model by its name (ft:... or JOB_ID:ckpt-STEP)",
-            param=param,
-        )
-    if not real.exists():
-        raise InvalidRequest(f"{param}: '{value}' does not exist", param=param)
-    return real
-
-
-def _in_service_storage(real: Path, settings: Settings) -> bool:
-    """Whether a resolved path is the service's own (`Settings.service_dirs`, `service_files`).
-    The data dir is an allowed root by default (a user's models and data may sit beside these),
-    and a path there must not reach another project's weights or data, or the service's secrets;
-    a project's own uploads go by file id, a fine-tuned model by its name."""
-    for owned in settings.service_dirs:
-        root = Path(os.path.realpath(owned))
-        if real == root or real.is_relative_to(root):
-            return True
-    owned_files = [Path(os.path.realpath(path)) for path in settings.service_files]
-    # SQLite's side files (-wal, -shm, -journal) start with their database's name.
-    return any(real.parent == path.parent and real.name.startswith(path.name) for path in owned_files)
+        return resolve_local_path(value, settings)
+    except PathRefused as exc:
+        raise InvalidRequest(f"{param}: {exc}", param=param) from None
 
 
 def check_trained_base(spec: JobSpec, session: Session, project_id: str, param: str) -> None:

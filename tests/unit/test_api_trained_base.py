@@ -41,7 +41,7 @@ def test_a_fine_tuned_model_is_a_base_by_name_and_the_worker_gets_its_checkpoint
         with api.session() as session:
             row = session.get(Job, job["id"])
             assert row is not None
-            launched = resolve_spec(session, row)
+            launched = resolve_spec(session, row, api.settings)
         expected = api.settings.jobs_dir / source["id"] / "checkpoints" / f"step-{step}"
         assert launched.model.model_id == str(expected)
     # Its own model is named after the first base, not after the name it was given.
@@ -88,7 +88,7 @@ def test_a_source_gone_before_launch_fails_the_job_naming_the_field(api: Api) ->
         row = session.get(Job, job["id"])
         assert row is not None
         with pytest.raises(ValueError, match=r"model\.model_id: job .* has no complete checkpoint left"):
-            resolve_spec(session, row)
+            resolve_spec(session, row, api.settings)
 
 
 def test_the_fine_tuning_api_takes_a_fine_tuned_model_as_its_base(api: Api) -> None:
