@@ -42,7 +42,8 @@ def test_workers_show_gpus_heartbeats_and_only_own_running_jobs(api: Api) -> Non
     assert sorted(admin_view["running_job_ids"]) == sorted([mine["id"], theirs["id"]])
     # An admin of another project administers that project only: the operator alone sees all.
     project_admin = api.token("a", scopes=("read", "write", "admin"))
-    assert api.client.get("/v1/workers", headers=project_admin).json()["data"][0]["running_job_ids"] == [mine["id"]]
+    project_view = api.client.get("/v1/workers", headers=project_admin).json()["data"][0]
+    assert project_view["running_job_ids"] == [mine["id"]]
     assert api.client.get("/v1/workers").status_code == 401
 
 
