@@ -4,15 +4,18 @@ keeps one file and varies a field per run), and the command's `--version`."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
+from sqlalchemy import update
 from test_api_support import *  # noqa: F403
 from test_api_support import BOOTSTRAP, Api, spec_body
 from test_cli_admin import client_of
 
+from jobcore.db.models import File, utcnow
 from twinkle_cli import resources
 from twinkle_cli.main import cli
 
@@ -124,6 +127,20 @@ def test_submit_uploads_a_dataset_named_by_a_relative_local_path(
     job_id = json.loads(result.stdout)["id"]  # the notice went to stderr
     stored = api.client.get(f"/v1/jobs/{job_id}", params={"expand": "spec"}, headers=api.admin).json()
     assert stored["spec"]["data"]["train_file"] == stored["spec"]["data"]["validation_file"] == uploaded["id"]
+
+    # Submitted again (a pipeline's next run, or after a refusal): the same file, not a copy.
+    with api.session() as session, session.begin():
+        session.execute(update(File).values(created_at=utcnow() - timedelta(minutes=5)))
+    again = runner.invoke(cli, ["jobs", "submit", "-f", "job.yaml", "-o", "json"], catch_exceptions=False)
+    assert again.exit_code == 0, again.output
+    listed = api.client.get("/v1/files", headers=api.admin).json()["data"]
+    assert [f["id"] for f in listed] == [uploaded["id"]]
+    assert f"data/train.jsonl is {uploaded['id']}, uploaded earlier (spec.data.train_file)" in again.stderr
+    # Other content under the same name is a new upload.
+    (work / "data" / "train.jsonl").write_text('{"text": "changed"}\n')
+    changed = runner.invoke(cli, ["jobs", "submit", "-f", "job.yaml", "-o", "json"], catch_exceptions=False)
+    assert changed.exit_code == 0, changed.output
+    assert len(api.client.get("/v1/files", headers=api.admin).json()["data"]) == 2
 
 
 def test_a_relative_dataset_path_that_is_not_here_is_left_to_the_server(
