@@ -117,6 +117,9 @@ def advertised_host(bind_host: str) -> str:
 
 def run_host(settings: Settings, **uvicorn_options: Any) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Each load has its line ("loaded ... on ..."); transformers' bar per load would add a dozen.
+    # (Read when transformers is first imported, which the first load does.)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if not wait_for_schema(settings.resolved_database_url):
         return
     sock = bind(settings.serving_host, settings.serving_port)

@@ -23,6 +23,9 @@ def prepare_assets(settings: Settings) -> tuple[Path, Path]:
     base = settings.data_dir / "demo"
     model_dir = base / "tiny-llama"
     if not (model_dir / "config.json").exists():
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a bar for writing one small file tells a user nothing
         build_tiny_model(model_dir)
     dataset = base / "train.jsonl"
     if not dataset.exists():
