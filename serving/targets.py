@@ -106,9 +106,12 @@ def check_target(key: TwinkleKey, jobs_root: Path, allowed_roots: Sequence[Path]
             raise InvalidValue(
                 f"base model {base} names no home directory here", param="twinkle.base_model"
             ) from None
-        if not _under(base_dir, [jobs_root, *allowed_roots]):
+        # A base is a model a user named under an allowed root, never a job's weights: a LoRA on a
+        # fine-tuned model is refused at submit, and a link that leads into the jobs root since
+        # would put another job's weights under this adapter.
+        if _under(base_dir, [jobs_root]) or not _under(base_dir, allowed_roots):
             raise Forbidden(
-                f"base model {base} is outside the jobs root and the allowed roots",
+                f"base model {base} is outside the allowed roots or inside the jobs root",
                 param="twinkle.base_model",
             )
         if not base_dir.is_dir():

@@ -55,6 +55,12 @@ def test_paths_outside_the_roots_are_refused_before_anything_is_read(tmp_path: P
         check_target(_key(jobs / "job-2" / "step-1", str(models)), jobs, [])
     assert caught.value.param == "twinkle.base_model"
     assert check_target(_key(jobs / "job-2" / "step-1", str(models)), jobs, [tmp_path / "models"]).base_model
+    # A base that leads into the jobs root (another job's weights), even under an allowed root:
+    (tmp_path / "models" / "swapped").symlink_to(jobs / "job-1", target_is_directory=True)
+    for base in (jobs / "job-1", tmp_path / "models" / "swapped"):
+        with pytest.raises(Forbidden) as caught:
+            check_target(_key(jobs / "job-2" / "step-1", str(base)), jobs, [tmp_path, tmp_path / "models"])
+        assert caught.value.param == "twinkle.base_model"
     with pytest.raises(InvalidValue) as refused:  # expanduser raises for an unknown user
         check_target(_key(jobs / "job-2" / "step-1", "~no-such-user-of-this-machine/base"), jobs, [])
     assert refused.value.param == "twinkle.base_model"
