@@ -165,6 +165,10 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     return _with_request_id(request, response)
 
 
+# How many of a request's validation errors its message lists.
+LISTED_ERRORS = 5
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
@@ -174,8 +178,13 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     param = None if first.get("type") == "json_invalid" else param_from_loc(first.get("loc", ()))
     code = "unknown_field" if first.get("type") == "extra_forbidden" else "invalid_value"
     message = _validation_message(first, param)
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    # The others too (a few), so one round trip names every field to fix; `param` is the first's.
+    others = [_validation_message(e, param_from_loc(e.get("loc", ()))) for e in errors[1:LISTED_ERRORS]]
+    if others:
+        message += "; also " + "; ".join(others)
+    if len(errors) > LISTED_ERRORS:
+        rest = len(errors) - LISTED_ERRORS
+        message += f" (and {rest} more error{'s' if rest > 1 else ''})"
     return _with_request_id(request, error_json(422, "invalid_request_error", code, message, param))
 
 

@@ -79,6 +79,25 @@ def test_unknown_keys_are_422_naming_them(api: Api) -> None:
     assert error["message"].endswith("(did you mean 'spec.optimizer.lr'?)")
 
 
+def test_one_answer_names_every_bad_field_the_typo_first(api: Api) -> None:
+    body = spec_body()
+    body["spec"]["model"]["mixed_precision"] = "fp9"
+    body["spec"]["training"] = {"max_steps": 0, "learning_rate": 1e-4}
+    error = api.client.post("/v1/jobs", json=body, headers=api.admin).json()["error"]
+    assert error["param"] == "spec.training.learning_rate" and error["code"] == "unknown_field"
+    message = error["message"]
+    assert message.startswith(
+        "unknown field 'spec.training.learning_rate' (did you mean 'spec.optimizer.lr'?); also "
+    )
+    assert "spec.model.mixed_precision: Input should be" in message
+    assert "spec.training.max_steps: Input should be greater than or equal to 1" in message
+    assert "more error" not in message
+    many = spec_body()
+    many["spec"]["training"] = {f"unknown_{i}": i for i in range(8)}
+    message = api.client.post("/v1/jobs", json=many, headers=api.admin).json()["error"]["message"]
+    assert message.count("unknown field") == 5 and message.endswith("(and 3 more errors)")
+
+
 def test_malformed_json_and_missing_spec_are_422(api: Api) -> None:
     response = api.client.post(
         "/v1/jobs", content=b"{not json", headers={**api.admin, "content-type": "application/json"}
