@@ -9,11 +9,17 @@ turns an uploaded file's id into its path. Both ask `find_trained_base`, so they
 
 A name is the only way to a checkpoint as a base: paths inside the service's storage are refused
 (another project's weights must not be one path away), and a name resolves in its project only.
+
+A LoRA job's model is its adapter on its base: the worker merges the two into the new job's
+directory before it launches (`worker.base_merge`), and the job trains those whole weights. The
+new job trains in full: a LoRA on a trained model would need that model beside it for as long
+as it is served, so it is refused (`server.jobs.references.check_trained_base`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -25,10 +31,23 @@ from jobcore.jobs.states import LIVE, JobStatus
 
 
 @dataclass(frozen=True)
+class AdapterBase:
+    """What a LoRA job trained on, to merge its adapter into: the base as its spec names it."""
+
+    model_id: str | None
+    model_cls: str
+    config: dict[str, Any] | None
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class TrainedBase:
     job_id: str
     step: int
-    checkpoint: str  # the checkpoint's directory, which TransformersModel loads as model_id
+    # The checkpoint's directory: whole weights, which TransformersModel loads as model_id, or a
+    # LoRA adapter (`adapter_of` says on what), merged into its base before the job launches.
+    checkpoint: str
+    adapter_of: AdapterBase | None = None
 
 
 class NotATrainedBase(ValueError):
@@ -73,12 +92,6 @@ def find_trained_base(session: Session, project_id: str, model_id: str) -> Train
             )
     else:
         step = parsed.step
-    if (job.spec or {}).get("adapter") is not None:
-        raise NotATrainedBase(
-            f"job '{job.id}' trained a LoRA adapter, not whole weights: export it merged "
-            "(`twinkle-jobs checkpoints export JOB STEP`), put the folder under an allowed root "
-            "and name that path"
-        )
     checkpoint = live_checkpoint(session, job.id, step)
     if checkpoint is None:
         at = f"at step {step}" if step is not None else "left"
@@ -88,4 +101,24 @@ def find_trained_base(session: Session, project_id: str, model_id: str) -> Train
             f"the checkpoint of job '{job.id}' at step {checkpoint.step} is kept in object storage, "
             "which a job cannot train on from yet"
         )
-    return TrainedBase(job.id, checkpoint.step, checkpoint.path)
+    return TrainedBase(job.id, checkpoint.step, checkpoint.path, _adapter_of(job))
+
+
+def _adapter_of(job: Job) -> AdapterBase | None:
+    """The base a LoRA job's adapter goes on, None for a full fine-tune. (Such a base is never a
+    trained model itself: a LoRA on a fine-tuned model is refused at submit.)"""
+    spec = job.spec or {}
+    if spec.get("adapter") is None:
+        return None
+    model = spec.get("model") or {}
+    if not model.get("model_id"):
+        raise NotATrainedBase(
+            f"job '{job.id}''s LoRA adapter sits on a base built from model.config alone: there "
+            "are no base weights to merge it into"
+        )
+    return AdapterBase(
+        model_id=model.get("model_id"),
+        model_cls=model.get("model_cls") or "AutoModelForCausalLM",
+        config=model.get("config"),
+        kwargs=model.get("kwargs") or {},
+    )

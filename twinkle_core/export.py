@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import uuid
@@ -236,6 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Export a checkpoint as a Hugging Face model folder")
     parser.add_argument("request", help="an ExportRequest as JSON")
     args = parser.parse_args(argv)
+    # Its output is a log a person reads (an export's, a job's attempt log for a merged base):
+    # no progress bars, nor one library's warnings about another's API.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from twinkle_core.train import silence_library_deprecations
+
+    silence_library_deprecations()
     try:
         export_checkpoint(ExportRequest.read(args.request))
     except ValueError as exc:  # a user error: the message is what the export's `error` says

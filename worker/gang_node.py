@@ -28,8 +28,10 @@ from jobcore.jobs.states import ACTIVE, JobStatus
 from jobcore.settings import Settings
 from jobcore.storage import artifact_store, is_remote
 from twinkle_core.checkpoint import CHECKPOINTS_DIR, is_complete, step_of
+from twinkle_core.export import ExportRequest
 from worker import gang
 from worker.attempt import AttemptTarget, RunningAttempt, start_attempt
+from worker.base_merge import Merge, run_merge
 from worker.checkpoints import local_copy
 from worker.launch import AttemptPaths, Rendezvous, resolve_torchrun, runner_env, torchrun_argv
 from worker.spec_resolution import resolve_spec, write_spec
@@ -91,7 +93,14 @@ class NodeSupervisor:
         ready = self._await_launch()
         if ready is None:
             return
-        rendezvous, resume_from = ready
+        rendezvous, resume_from, base_merge = ready
+        if base_merge is not None:  # this host's own copy of the weights the job trains on from
+            poll = self.settings.heartbeat_seconds
+            merged = run_merge(base_merge, self.paths.log, self._still_a_member, poll)
+            if merged.outcome is not Merge.DONE:
+                log.warning("node %d of job %s: %s", self.node_rank, self.job_id, merged.message or "stopped")
+                self._record_exit(gang.FAILED if merged.outcome is Merge.FAILED else gang.LEFT, None)
+                return
         argv = torchrun_argv(
             resolve_torchrun(self.settings.torchrun),
             self.nproc_per_node,
@@ -118,8 +127,14 @@ class NodeSupervisor:
         ended = gang.EXITED if self.exit_code == 0 else gang.FAILED
         self._record_exit(gang.LEFT if self._shutdown.is_set() else ended, self.exit_code)
 
-    def _await_launch(self) -> tuple[Rendezvous, str | None] | None:
-        """Wait for node 0 to mark the gang `launching`; None when the gang ended first."""
+    def _still_a_member(self) -> bool:
+        with session_scope(self.db) as session:
+            return gang.update_member(session, self.member_id, heartbeat_at=utcnow())
+
+    def _await_launch(self) -> tuple[Rendezvous, str | None, ExportRequest | None] | None:
+        """Wait for node 0 to mark the gang `launching`; None when the gang ended first. With the
+        rendezvous and the resume point comes the merge this host must run first, if any (a LoRA
+        job's model as the base, on a host that does not share node 0's job directory)."""
         # Node 0 gives up after gang_timeout_seconds; the margin covers its last poll.
         deadline = time.monotonic() + self.settings.gang_timeout_seconds + 30
         while time.monotonic() < deadline and not self._shutdown.is_set():
@@ -134,9 +149,12 @@ class NodeSupervisor:
                 leader = rows[0] if rows else None
                 if leader is not None and leader.status == gang.LAUNCHING and len(rows) == self.nnodes:
                     assert leader.address and leader.port
+                    base_merge = None
                     if not self.paths.spec.exists():  # no shared file system: write our own copy
                         self.job_dir.mkdir(parents=True, exist_ok=True)
-                        write_spec(resolve_spec(session, job, self.settings), self.job_dir)
+                        resolved = resolve_spec(session, job, self.settings)
+                        write_spec(resolved.spec, self.job_dir)
+                        base_merge = resolved.base_merge
                     resume_from = local_resume_point(self.settings, session, self.job_id, job.resume_from)
                     gang.update_member(session, self.member_id, status=RUNNING)
                     rendezvous = Rendezvous(
@@ -146,7 +164,7 @@ class NodeSupervisor:
                         leader.port,
                         self.settings.gang_timeout_seconds,
                     )
-                    return rendezvous, resume_from
+                    return rendezvous, resume_from, base_merge
             time.sleep(POLL_SECONDS)
         with session_scope(self.db) as session:  # leave, so that another host can take the rank
             gang.release_member(session, self.member_id)

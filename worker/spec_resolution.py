@@ -1,9 +1,11 @@
 """Turn a stored job spec into the file the runner reads: local paths are checked again and
 resolved, uploaded file ids become local paths, and a fine-tuned model named as the base
-(`jobcore.trained_base`) its checkpoint's directory."""
+(`jobcore.trained_base`) its checkpoint's directory, or for a LoRA job's model the folder its
+adapter is merged into (`worker.base_merge`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.orm import Session
@@ -12,13 +14,23 @@ from jobcore.db.models import File, Job
 from jobcore.local_paths import PathRefused, pin_local_path
 from jobcore.settings import Settings
 from jobcore.trained_base import NotATrainedBase, find_trained_base, is_trained_base_name
+from twinkle_core.export import ExportRequest
 from twinkle_core.spec import JobSpec
+from worker.base_merge import merge_request
 
 
-def resolve_spec(session: Session, job: Job, settings: Settings) -> JobSpec:
+@dataclass(frozen=True)
+class ResolvedSpec:
+    spec: JobSpec
+    # A LoRA job's model as the base: the merge to run before launching (`worker.base_merge`),
+    # into the folder spec.model.model_id names.
+    base_merge: ExportRequest | None = None
+
+
+def resolve_spec(session: Session, job: Job, settings: Settings) -> ResolvedSpec:
     """Validate the stored spec, replace `file-...` ids by the uploaded files' storage paths, a
-    fine-tuned model's name by its checkpoint, and local paths by their checked real paths
-    (`jobcore.local_paths.pin_local_path`).
+    fine-tuned model's name by its weights (a checkpoint, or a LoRA job's merged into its base),
+    and local paths by their checked real paths (`jobcore.local_paths.pin_local_path`).
 
     Raises ValueError naming the field when the spec is invalid or a file id is unknown: a user
     error, never retried.
@@ -37,20 +49,25 @@ def resolve_spec(session: Session, job: Job, settings: Settings) -> JobSpec:
         model.tokenizer_id = _pinned(model.tokenizer_id, "model.tokenizer_id", settings)
     except PathRefused as exc:
         raise ValueError(str(exc)) from None
+    base_merge = None
     if is_trained_base_name(spec.model.model_id):
         assert spec.model.model_id is not None
         try:
             base = find_trained_base(session, job.project_id, spec.model.model_id)
         except NotATrainedBase as exc:  # e.g. the job it names was deleted since
             raise ValueError(f"model.model_id: {exc}") from None
-        spec.model.model_id = base.checkpoint
+        if base.adapter_of is None:
+            spec.model.model_id = base.checkpoint
+        else:  # a LoRA job's model: its adapter merged into its base, in this job's directory
+            base_merge = merge_request(base, settings.jobs_dir / job.id, settings)
+            spec.model.model_id = base_merge.output_dir
     data = spec.data
     data.train_file = _resolve_file(session, job.project_id, data.train_file, "data.train_file")
     if data.validation_file is not None:
         data.validation_file = _resolve_file(
             session, job.project_id, data.validation_file, "data.validation_file"
         )
-    return spec
+    return ResolvedSpec(spec, base_merge)
 
 
 def _pinned(value: str | None, field: str, settings: Settings) -> str | None:

@@ -30,9 +30,11 @@ from jobcore.jobs.states import InvalidTransition, JobStatus
 from jobcore.settings import Settings
 from jobcore.storage import artifact_store, is_remote
 from twinkle_core.checkpoint import COMPLETE_MARKER, latest_complete_checkpoint, step_of
+from twinkle_core.export import ExportRequest
 from twinkle_core.progress import PROGRESS_FILE, ProgressReader
 from worker import gang
 from worker.attempt import AttemptTarget, RunningAttempt, SlurmSubmitter, start_attempt
+from worker.base_merge import Merge, run_merge
 from worker.checkpoints import local_copy, remove_dirs, remove_stored_checkpoints
 from worker.ingest import Observed, OwnershipLost, fenced_job_update, forget_metrics_after, ingest_events
 from worker.launch import AttemptPaths, Rendezvous, resolve_torchrun, runner_env, torchrun_argv
@@ -179,11 +181,11 @@ class Supervisor:
                 self._end(session, job, AttemptResult(Outcome.PAUSED, "stopped before launch", None))
                 return None
             try:
-                spec = resolve_spec(session, job, self.settings)
+                resolved = resolve_spec(session, job, self.settings)
             except ValueError as exc:
                 self._end(session, job, AttemptResult(Outcome.USER_ERROR, str(exc), None))
                 return None
-            write_spec(spec, self.job_dir)
+            write_spec(resolved.spec, self.job_dir)
             # Lines a lost attempt wrote after its last commit: record them before relaunching.
             leftovers, values = ingest_events(session, self.job_id, self.reader.read_new(), None, self.store)
             resume = self._resume_point(job)
@@ -211,7 +213,43 @@ class Supervisor:
             )
         remove_dirs(leftovers.dirs_to_remove)
         remove_stored_checkpoints(leftovers.objects_to_remove, self.job_dir, self.store)
+        if resolved.base_merge is not None and not self._merge_base(resolved.base_merge):
+            return None
         return resume or ""
+
+    def _merge_base(self, request: ExportRequest) -> bool:
+        """Merge the LoRA job's adapter this job trains on from into its base (`worker.base_merge`;
+        once: a retry or a resume finds it merged). False when the attempt ended here: stopped
+        meanwhile, or the merge failed."""
+        if Path(request.output_dir).is_dir():
+            return True
+        with session_scope(self.db) as session:
+            self._event(
+                session,
+                f"merging the LoRA adapter of job {request.job_id} (step {request.step}) into its "
+                "base: the weights this job trains on from",
+                source_job_id=request.job_id,
+                source_step=request.step,
+            )
+
+        def still_wanted() -> bool:
+            with session_scope(self.db) as session:
+                status = self._job(session).status
+                self._fenced(session, heartbeat_at=utcnow())
+                return status not in (S.CANCELLING, S.PAUSING)
+
+        result = run_merge(request, self.paths.log, still_wanted, self.settings.heartbeat_seconds)
+        if result.outcome is Merge.DONE:
+            return True
+        with session_scope(self.db) as session:
+            job = self._job(session)
+            if result.outcome is Merge.STOPPED:
+                self._end(session, job, AttemptResult(Outcome.PAUSED, "stopped before launch", None))
+            else:
+                outcome = Outcome.USER_ERROR if result.user_error else Outcome.INFRA_ERROR
+                tail = read_tail(self.paths.log, LOG_TAIL_BYTES)
+                self._end(session, job, AttemptResult(outcome, result.message, None, tail))
+        return False
 
     def _resume_point(self, job: Job) -> str | None:
         """The local checkpoint to resume from, downloaded first when it is in object storage."""

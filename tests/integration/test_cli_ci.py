@@ -272,3 +272,48 @@ def test_timeouts_end_the_wait_with_exit_3_even_when_no_event_comes(
     job = _wait_for_job(idle_service, "silent")
     watched = cli(idle_service, "jobs", "events", job["id"], "--follow", "--timeout", "2", timeout=120)
     assert watched.returncode == 3 and "job queued" in watched.stdout
+
+
+def test_a_lora_jobs_model_is_trained_on_in_full_from_its_merged_weights(
+    service: LiveService, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from twinkle_core.assets import write_text_dataset
+    from twinkle_core.checkpoint import hf_model_dir
+
+    dataset = write_text_dataset(tmp_path / "train.jsonl", n=32)
+    lora_spec = {**tiny_spec(tiny_model_dir, dataset, steps=2, nproc=1), "adapter": {"r": 4}}
+    lora_spec["optimizer"] = {"lr": 5e-2}  # an adapter that moves the weights visibly in 2 steps
+    lora = cli_json(service, "jobs", "submit", "-f", str(job_file(tmp_path, "lora", lora_spec)), "--wait")
+    assert lora["status"] == "succeeded", lora
+
+    on_lora = job_file(tmp_path, "on-lora", tiny_spec(tiny_model_dir, dataset, steps=2, nproc=1))
+    args = (
+        "jobs",
+        "submit",
+        "-f",
+        str(on_lora),
+        "--set",
+        f"model.model_id={lora['fine_tuned_model']}",
+        "--wait",
+    )
+    full = cli_json(service, *args)
+    assert full["status"] == "succeeded", str(full) + service.worker_log()
+    assert full["spec"]["model"]["model_id"] == lora["fine_tuned_model"]
+    with service.client() as client:
+        events = client.get(f"/v1/jobs/{full['id']}/events", params={"limit": 100}).json()["data"]
+    assert any(f"merging the LoRA adapter of job {lora['id']} (step 2)" in e["message"] for e in events)
+
+    # What the job trained on: the LoRA job's adapter folded into its base, not the bare base.
+    merged = service.data_dir / "jobs" / full["id"] / "base-model"
+    adapter = hf_model_dir(service.data_dir / "jobs" / lora["id"] / "checkpoints" / "step-2")
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    bare = {name: tensor.clone() for name, tensor in base.state_dict().items()}
+    expected = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload().state_dict()
+    got = AutoModelForCausalLM.from_pretrained(str(merged), dtype=torch.float32).state_dict()
+    assert got.keys() == expected.keys()
+    assert all(torch.allclose(got[name], expected[name], atol=1e-6) for name in got)
+    assert any(not torch.equal(got[name], bare[name]) for name in got)  # the adapter moved something

@@ -41,7 +41,7 @@ def test_a_fine_tuned_model_is_a_base_by_name_and_the_worker_gets_its_checkpoint
         with api.session() as session:
             row = session.get(Job, job["id"])
             assert row is not None
-            launched = resolve_spec(session, row, api.settings)
+            launched = resolve_spec(session, row, api.settings).spec
         expected = api.settings.jobs_dir / source["id"] / "checkpoints" / f"step-{step}"
         assert launched.model.model_id == str(expected)
     # Its own model is named after the first base, not after the name it was given.
@@ -75,7 +75,41 @@ def test_names_that_lead_to_no_trainable_weights_are_422_saying_why(api: Api) ->
     assert running_name["fine_tuned_model"] is None
 
     _, lora_name = trained(api, spec={**spec_body()["spec"], "adapter": {"r": 4}})
-    assert "trained a LoRA adapter" in _refusal(on_top_of(api, lora_name))
+    assert "LoRA adapter on a fine-tuned" in _refusal(on_top_of(api, lora_name, adapter={"r": 4}))
+    from_config = {"config": {"model_type": "llama", "hidden_size": 64}, "tokenizer_id": "org/tokenizer"}
+    _, random_base = trained(api, spec={**spec_body()["spec"], "model": from_config, "adapter": {"r": 4}})
+    assert "no base weights to merge it into" in _refusal(on_top_of(api, random_base))
+
+
+def test_a_lora_jobs_model_is_a_base_merged_in_the_new_jobs_directory(api: Api) -> None:
+    """The worker merges the LoRA job's adapter into that job's own base before the launch
+    (worker.base_merge); the spec names the merged folder, and the merge what to merge."""
+    lora_spec = {**spec_body()["spec"], "adapter": {"r": 4}}
+    lora_spec["model"] = {**lora_spec["model"], "config": {"rope_theta": 10000.0}}
+    source, lora_name = trained(api, spec=lora_spec)
+    answer = on_top_of(api, lora_name)
+    assert answer.status_code == 201, answer.text
+    job = answer.json()
+    with api.session() as session:
+        row = session.get(Job, job["id"])
+        assert row is not None
+        resolved = resolve_spec(session, row, api.settings)
+    merge = resolved.base_merge
+    assert merge is not None and merge.kind == "merged"
+    assert (
+        resolved.spec.model.model_id
+        == merge.output_dir
+        == str(api.settings.jobs_dir / job["id"] / "base-model")
+    )
+    assert merge.checkpoint_dir == str(api.settings.jobs_dir / source["id"] / "checkpoints" / "step-4")
+    assert (merge.base_model, merge.job_id, merge.step) == ("org/tiny-llama", source["id"], 4)
+    assert merge.config == {"rope_theta": 10000.0}  # the base as the LoRA job built it
+    # A full fine-tune's model needs no merge.
+    _, full_name = trained(api)
+    with api.session() as session:
+        row = session.get(Job, on_top_of(api, full_name).json()["id"])
+        assert row is not None
+        assert resolve_spec(session, row, api.settings).base_merge is None
 
 
 def test_a_source_gone_before_launch_fails_the_job_naming_the_field(api: Api) -> None:

@@ -68,7 +68,7 @@ def test_a_link_within_the_roots_reaches_the_runner_resolved(api: Api, tmp_path:
     os.symlink(real, link)
     job = submitted_with(api, roots, train_file=str(link), validation_file=str(link))
     with api.session() as session:
-        spec = resolve_spec(session, session.merge(job), api.settings)
+        spec = resolve_spec(session, session.merge(job), api.settings).spec
     # The runner opens the checked file itself, whatever the link points at by then.
     assert spec.data.train_file == spec.data.validation_file == str(real)
     assert spec.model.model_id == "org/tiny-llama"  # a hub id is no path
