@@ -94,7 +94,14 @@ class GenerationStream(StreamingResponse):
         self.generation.cancel()
 
 
-def create_app(engine: Engine, *, secret: str, jobs_root: Path, allowed_roots: Sequence[Path]) -> FastAPI:
+def create_app(
+    engine: Engine,
+    *,
+    secret: str,
+    jobs_root: Path,
+    allowed_roots: Sequence[Path],
+    owned_dirs: Sequence[Path] = (),
+) -> FastAPI:
     app = FastAPI(title="Twinkle Jobs serving host", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
     expected = f"Bearer {secret}".encode()
@@ -117,7 +124,7 @@ def create_app(engine: Engine, *, secret: str, jobs_root: Path, allowed_roots: S
         check_secret(request)
         body = await parse_body(request, ChatRequest)
         body.refuse_unsupported()
-        target = check_target(body.twinkle, jobs_root, allowed_roots)
+        target = check_target(body.twinkle, jobs_root, allowed_roots, owned_dirs)
         loaded = await engine.model(target)
         prompt = chat_prompt_ids(loaded.tokenizer, body.messages)
         params = body.sampling(len(prompt), loaded.context_length, param="messages", default=None)
@@ -134,7 +141,7 @@ def create_app(engine: Engine, *, secret: str, jobs_root: Path, allowed_roots: S
         check_secret(request)
         body = await parse_body(request, CompletionRequest)
         body.refuse_unsupported()
-        target = check_target(body.twinkle, jobs_root, allowed_roots)
+        target = check_target(body.twinkle, jobs_root, allowed_roots, owned_dirs)
         loaded = await engine.model(target)
         texts = body.prompts
         prompts = [completion_prompt_ids(loaded.tokenizer, p, i, len(texts) > 1) for i, p in enumerate(texts)]

@@ -68,6 +68,7 @@ def build_app(settings: Settings, engine: Engine, registry: HostRegistry | None)
         secret=settings.serving_secret_value,
         jobs_root=settings.jobs_dir,
         allowed_roots=settings.allowed_root_paths,
+        owned_dirs=settings.service_dirs,
     )
 
     @contextlib.asynccontextmanager

@@ -3,8 +3,10 @@
 The API server resolves a public model name to a checkpoint directory and, for a LoRA job, the
 base model; the host still checks both itself, since a path is what it will load: the checkpoint
 must be a complete one under the host's jobs root (symlinks resolved), and a base given as a
-local directory must lie under the jobs root or an allowed root. A hub id (`org/name`,
-`hf://org/name`) is a name, not a path, and is fetched into the hub cache by the loader.
+local directory must lie under an allowed root and outside the service's own folders (the jobs
+root among them: a base is a model a user named, never a job's weights). What is a path follows
+from the spelling alone, as on the server (`jobcore.local_paths.PATH_PREFIXES`): a hub id
+(`org/name`, `hf://org/name`) is a name, fetched into the hub cache by the loader.
 
 A checkpoint kept only in object storage comes as its `s3://` location with its job id: it is
 served from a local copy in the job's directory under the jobs root, fetched as part of the load
@@ -21,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobcore.local_paths import PATH_PREFIXES
 from jobcore.storage import is_remote
 from serving.errors import Forbidden, InvalidValue, NotFound
 from twinkle_core import checkpoint as ckpt
@@ -61,8 +64,7 @@ class Target:
 
 
 def _is_local_path(name: str) -> bool:
-    # Path("~x").exists() is False without expanding: only a `~` prefix expands, caught below.
-    return name.startswith(("/", "./", "../", "~")) or Path(name).exists()
+    return name.startswith(PATH_PREFIXES)
 
 
 def _under(path: Path, roots: Sequence[Path]) -> bool:
@@ -85,7 +87,11 @@ def _stored_copy(key: TwinkleKey, jobs_root: Path) -> Path:
     return jobs_root.resolve() / key.job_id / ckpt.CHECKPOINTS_DIR / step
 
 
-def check_target(key: TwinkleKey, jobs_root: Path, allowed_roots: Sequence[Path]) -> Target:
+def check_target(
+    key: TwinkleKey, jobs_root: Path, allowed_roots: Sequence[Path], owned_dirs: Sequence[Path] = ()
+) -> Target:
+    """The target `key` names, checked; `owned_dirs` are the service's own folders besides the
+    jobs root (`Settings.service_dirs`), where no base may lie."""
     source = key.checkpoint if is_remote(key.checkpoint) else None
     raw = _stored_copy(key, jobs_root) if source is not None else Path(key.checkpoint)
     if not raw.is_absolute():
@@ -106,12 +112,12 @@ def check_target(key: TwinkleKey, jobs_root: Path, allowed_roots: Sequence[Path]
             raise InvalidValue(
                 f"base model {base} names no home directory here", param="twinkle.base_model"
             ) from None
-        # A base is a model a user named under an allowed root, never a job's weights: a LoRA on a
-        # fine-tuned model is refused at submit, and a link that leads into the jobs root since
-        # would put another job's weights under this adapter.
-        if _under(base_dir, [jobs_root]) or not _under(base_dir, allowed_roots):
+        # A base is a model a user named under an allowed root, never a job's weights or a merged
+        # copy of them (a LoRA on a fine-tuned model is refused at submit): a link that leads
+        # into the service's folders since would put another job's weights under this adapter.
+        if _under(base_dir, [jobs_root, *owned_dirs]) or not _under(base_dir, allowed_roots):
             raise Forbidden(
-                f"base model {base} is outside the allowed roots or inside the jobs root",
+                f"base model {base} is outside the allowed roots or in the service's own storage",
                 param="twinkle.base_model",
             )
         if not base_dir.is_dir():

@@ -34,7 +34,9 @@ def test_a_complete_checkpoint_under_the_jobs_root_is_served(tmp_path: Path) -> 
     assert target.checkpoint == ckpt.resolve() and target.key == str(ckpt) and target.base_model == "org/name"
 
 
-def test_paths_outside_the_roots_are_refused_before_anything_is_read(tmp_path: Path) -> None:
+def test_paths_outside_the_roots_are_refused_before_anything_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     jobs = tmp_path / "jobs"
     inside = _checkpoint(jobs / "job-1" / "checkpoints" / "step-2")
     outside = _checkpoint(tmp_path / "elsewhere" / "step-1")
@@ -55,12 +57,22 @@ def test_paths_outside_the_roots_are_refused_before_anything_is_read(tmp_path: P
         check_target(_key(jobs / "job-2" / "step-1", str(models)), jobs, [])
     assert caught.value.param == "twinkle.base_model"
     assert check_target(_key(jobs / "job-2" / "step-1", str(models)), jobs, [tmp_path / "models"]).base_model
-    # A base that leads into the jobs root (another job's weights), even under an allowed root:
+    # A base that leads into the jobs root (another job's weights) or another of the service's
+    # folders (the vLLM backend's merged copies), even under an allowed root:
+    merged = tmp_path / "serving" / "merged" / "abc"
+    merged.mkdir(parents=True)
     (tmp_path / "models" / "swapped").symlink_to(jobs / "job-1", target_is_directory=True)
-    for base in (jobs / "job-1", tmp_path / "models" / "swapped"):
+    (tmp_path / "models" / "to-merged").symlink_to(merged, target_is_directory=True)
+    roots, owned = [tmp_path, tmp_path / "models"], [tmp_path / "serving"]
+    for base in (jobs / "job-1", tmp_path / "models" / "swapped", tmp_path / "models" / "to-merged"):
         with pytest.raises(Forbidden) as caught:
-            check_target(_key(jobs / "job-2" / "step-1", str(base)), jobs, [tmp_path, tmp_path / "models"])
+            check_target(_key(jobs / "job-2" / "step-1", str(base)), jobs, roots, owned)
         assert caught.value.param == "twinkle.base_model"
+    # A hub id is a name whatever exists under that name here.
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    assert (
+        check_target(_key(jobs / "job-2" / "step-1", "org/name"), jobs, roots, owned).base_model == "org/name"
+    )
     with pytest.raises(InvalidValue) as refused:  # expanduser raises for an unknown user
         check_target(_key(jobs / "job-2" / "step-1", "~no-such-user-of-this-machine/base"), jobs, [])
     assert refused.value.param == "twinkle.base_model"
