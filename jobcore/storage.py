@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -135,8 +134,3 @@ def local_copy(location: str, job_dir: Path, store: S3Store | None, settings: Se
         target.parent.mkdir(parents=True, exist_ok=True)
         (store or store_for(location, settings)).download(location, target)
     return target
-
-
-def iter_files(store: S3Store, location: str) -> Iterator[tuple[StoredFile, IO[bytes]]]:
-    for stored in store.list_files(location):
-        yield stored, store.open(location, stored.relative)

@@ -131,11 +131,11 @@ def ingest_events(
         elif kind == "started":
             seen.started = True
             start = int(record.get("start_step") or 0)
-            if start:
-                # A runner starting at step N recomputes what follows: points past N are from an
-                # interrupted run (a Slurm requeue resumes within one attempt of ours).
-                rows.metrics = [m for m in rows.metrics if m["step"] <= start]
-                forget_metrics_after(session, job_id, start)
+            # A runner starting at step N (0 included: a retry before any checkpoint) recomputes
+            # what follows: points past N are from an interrupted run (an earlier attempt, or a
+            # Slurm requeue within one attempt of ours), or the charts would show those steps twice.
+            rows.metrics = [m for m in rows.metrics if m["step"] <= start]
+            forget_metrics_after(session, job_id, start)
             if record.get("total_steps") is not None:
                 job_values["total_steps"] = int(record["total_steps"])
             rows.event(
@@ -250,7 +250,3 @@ def _ingest_checkpoint(session: Session, rows: _Rows, record: dict[str, Any], st
 def forget_metrics_after(session: Session, job_id: str, step: int) -> None:
     """A retry resumes at `step`: drop metric points the lost attempt wrote past it (recomputed)."""
     session.execute(delete(JobMetric).where(JobMetric.job_id == job_id, JobMetric.step > step))
-
-
-def heartbeat_values() -> dict[str, Any]:
-    return {"heartbeat_at": utcnow()}

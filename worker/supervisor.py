@@ -189,11 +189,10 @@ class Supervisor:
             # Lines a lost attempt wrote after its last commit: record them before relaunching.
             leftovers, values = ingest_events(session, self.job_id, self.reader.read_new(), None, self.store)
             resume = self._resume_point(job)
-            resume_step = step_of(resume)
-            if resume_step is not None:
-                # The new attempt recomputes everything after its checkpoint.
-                forget_metrics_after(session, self.job_id, resume_step)
-                values["step"] = resume_step
+            # The new attempt recomputes everything after its checkpoint (all of it without one).
+            start_step = step_of(resume) or 0
+            forget_metrics_after(session, self.job_id, start_step)
+            values["step"] = start_step
             self._fenced(
                 session,
                 job_dir=str(self.job_dir),

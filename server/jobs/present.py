@@ -10,6 +10,8 @@ the tests hold both paths to the same output.
 
 from __future__ import annotations
 
+import itertools
+import statistics
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -51,15 +53,19 @@ def _has_eta(row: Row) -> bool:
 
 
 def _eta_seconds(row: Row, points: list[tuple[int, datetime]] | None) -> float | None:
-    """Seconds left at the recent pace (from the last few logged steps, so resumes don't skew it)."""
+    """Seconds left at the recent pace: the median seconds per step between the last few logged
+    steps (newest first, stamped with the runner's clock), so that the gap of a pause or a retry
+    among them does not count as training time."""
     if not points or len(points) < 2:
         return None
-    (newest_step, newest_at), (oldest_step, oldest_at) = points[0], points[-1]
-    steps = newest_step - oldest_step
-    seconds = (newest_at - oldest_at).total_seconds()
-    if steps <= 0 or seconds <= 0:
+    paces = []
+    for (step, at), (earlier_step, earlier_at) in itertools.pairwise(points):
+        steps, seconds = step - earlier_step, (at - earlier_at).total_seconds()
+        if steps > 0 and seconds > 0:
+            paces.append(seconds / steps)
+    if not paces:
         return None
-    return round(seconds / steps * (row["total_steps"] - row["step"]), 1)
+    return round(statistics.median(paces) * (row["total_steps"] - row["step"]), 1)
 
 
 def _fine_tuned_model(row: Row) -> str | None:

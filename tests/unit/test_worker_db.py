@@ -155,6 +155,36 @@ def test_metric_points_carry_the_runners_time_so_a_batch_still_paces_the_eta(
         assert eval_at.replace(tzinfo=eval_at.tzinfo or UTC) > utcnow() - timedelta(seconds=30)
 
 
+def test_the_eta_is_paced_by_the_steps_not_by_a_pause_among_them() -> None:
+    from server.jobs.present import _eta_seconds
+
+    t0 = utcnow()
+    # Steps 11..20 at 2 s a step, with a 10-minute pause (and a resume) between 15 and 16.
+    stamps = {step: t0 + timedelta(seconds=2 * step + (600 if step > 15 else 0)) for step in range(11, 21)}
+    points = [(step, stamps[step]) for step in range(20, 10, -1)]  # newest first
+    assert _eta_seconds({"total_steps": 50, "step": 20}, points) == pytest.approx(60.0)
+    assert _eta_seconds({"total_steps": 50, "step": 20}, points[:1]) is None
+
+
+def test_a_retry_from_the_start_replaces_the_failed_attempts_points(settings: Settings, project: str) -> None:
+    job_id = add_job(settings, project)
+    first = [{"event": "started", "total_steps": 5, "start_step": 0}]
+    first += [{"event": "step", "step": step, "loss": 9.0} for step in (1, 2, 3)]  # then it died
+    retry = [{"event": "started", "total_steps": 5, "start_step": 0}]  # no checkpoint: from 0
+    retry += [{"event": "step", "step": step, "loss": 1.0} for step in (1, 2)]
+    with session_scope(settings.resolved_database_url) as session:
+        ingest_events(session, job_id, first, save_total_limit=None)
+    with session_scope(settings.resolved_database_url) as session:
+        ingest_events(session, job_id, retry, save_total_limit=None)
+    with session_scope(settings.resolved_database_url) as session:
+        points = session.execute(
+            select(JobMetric.step, JobMetric.value).where(
+                JobMetric.job_id == job_id, JobMetric.name == "loss"
+            )
+        ).all()
+    assert sorted(points) == [(1, 1.0), (2, 1.0)]  # each step once, the retry's
+
+
 def test_a_sample_record_becomes_one_event_and_is_ingested_once(
     settings: Settings, project: str, tmp_path: Path
 ) -> None:
