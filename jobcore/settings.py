@@ -53,6 +53,11 @@ class SharedSettings(_Environment):
         default=None, description="S3-compatible endpoint (MinIO, Ceph, ...); default: AWS"
     )
     stale_after_seconds: float = Field(default=30.0, gt=0, description="Heartbeat age that marks a job lost")
+    allowed_roots: str | None = Field(
+        default=None,
+        description="Colon-separated directories a spec may name; default: the data dir. The server "
+        "checks a path at submit, a worker again at launch, a serving host a LoRA's base",
+    )
     serving_secret: str | None = Field(
         default=None,
         description="Bearer secret between the API server and serving hosts; unset: one generated "
@@ -64,9 +69,6 @@ class ServerSettings(_Environment):
     """Read by the API server: first-use credentials and what a request may send or name."""
 
     bootstrap_token: str | None = Field(default=None, description="Admin token registered at start")
-    allowed_roots: str | None = Field(
-        default=None, description="Colon-separated directories a spec may name; default: the data dir"
-    )
     rate_limit_url: str | None = Field(
         default=None,
         description="Where per-token rate limits are counted: a redis:// URL shares the count between "

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import shutil
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -165,10 +166,13 @@ class VllmBackend:
         base = load_base(target, torch.device("cpu"))  # merged on the CPU, as the note above says
         model = PeftModel.from_pretrained(base, str(weights)).merge_and_unload()
         partial = merged.with_name(f".{merged.name}.{uuid.uuid4().hex[:8]}")
-        model.save_pretrained(str(partial))
-        load_tokenizer(weights).save_pretrained(str(partial))
-        with contextlib.suppress(OSError):  # another load merged it first: theirs is as good
-            partial.rename(merged)
+        try:
+            model.save_pretrained(str(partial))
+            load_tokenizer(weights).save_pretrained(str(partial))
+            with contextlib.suppress(OSError):  # another load merged it first: theirs is as good
+                partial.rename(merged)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)  # a copy that lost the race, or half a one
         return merged
 
     def load(self, target: Target) -> LoadedModel:

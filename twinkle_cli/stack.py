@@ -140,9 +140,10 @@ class LocalStack:
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.exited() is not None:
+            child = self.exited()
+            if child is not None:
                 where = self.settings.stack_logs_dir if self.quiet else "its output above"
-                raise StackError(f"the server exited during start-up; see {where}")
+                raise StackError(f"the {child} exited during start-up; see {where}")
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
                     return

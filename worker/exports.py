@@ -202,8 +202,14 @@ class Exporter:
         log.info("export %s ended with exit code %s", claimed.id, code)
 
     def _heartbeat(self, export_id: str) -> None:
-        with session_scope(self.db) as session:
-            session.execute(update(Export).where(Export.id == export_id).values(heartbeat_at=utcnow()))
+        """Beat the export's heartbeat; a database that fails now is logged and the export goes on
+        (leaving `run` here would orphan the export's process, which another claim would then
+        race in the same folder once the row looked stale)."""
+        try:
+            with session_scope(self.db) as session:
+                session.execute(update(Export).where(Export.id == export_id).values(heartbeat_at=utcnow()))
+        except Exception:
+            log.warning("export %s: heartbeat failed; the export goes on", export_id, exc_info=True)
 
 
 def job_deleted(db: str, job_id: str) -> bool:

@@ -34,7 +34,7 @@ from worker.attempt import AttemptTarget, RunningAttempt, start_attempt
 from worker.base_merge import Merge, run_merge
 from worker.checkpoints import local_copy
 from worker.launch import AttemptPaths, Rendezvous, resolve_torchrun, runner_env, torchrun_argv
-from worker.spec_resolution import resolve_spec, write_spec
+from worker.spec_resolution import resolve_spec, spec_written_for, write_spec
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +150,12 @@ class NodeSupervisor:
                 if leader is not None and leader.status == gang.LAUNCHING and len(rows) == self.nnodes:
                     assert leader.address and leader.port
                     base_merge = None
-                    if not self.paths.spec.exists():  # no shared file system: write our own copy
+                    if not spec_written_for(self.job_dir, self.attempt):
+                        # No shared file system (or only an earlier attempt's copy here): resolve
+                        # and check the spec on this host, as node 0 did on its own.
                         self.job_dir.mkdir(parents=True, exist_ok=True)
                         resolved = resolve_spec(session, job, self.settings)
-                        write_spec(resolved.spec, self.job_dir)
+                        write_spec(resolved.spec, self.job_dir, self.attempt)
                         base_merge = resolved.base_merge
                     resume_from = local_resume_point(self.settings, session, self.job_id, job.resume_from)
                     gang.update_member(session, self.member_id, status=RUNNING)

@@ -88,9 +88,27 @@ def _resolve_file(session: Session, project_id: str, ref: str, field: str) -> st
     return row.storage_path
 
 
-def write_spec(spec: JobSpec, job_dir: Path) -> Path:
+# Beside spec.json: the attempt it was resolved for. A gang node that finds its attempt there
+# shares node 0's job directory; one that finds an earlier attempt (or none) resolves its own.
+SPEC_ATTEMPT_FILE = "spec.attempt"
+
+
+def write_spec(spec: JobSpec, job_dir: Path, attempt: int) -> Path:
     path = job_dir / "spec.json"
     tmp = path.with_suffix(".json.tmp")
     spec.dump(tmp)
     tmp.replace(path)
+    marker = job_dir / SPEC_ATTEMPT_FILE
+    marker_tmp = marker.with_suffix(".tmp")
+    marker_tmp.write_text(str(attempt))
+    marker_tmp.replace(marker)
     return path
+
+
+def spec_written_for(job_dir: Path, attempt: int) -> bool:
+    """Whether job_dir's spec.json was resolved for `attempt` (by this host or, on a shared file
+    system, by node 0)."""
+    try:
+        return (job_dir / SPEC_ATTEMPT_FILE).read_text().strip() == str(attempt)
+    except OSError:
+        return False

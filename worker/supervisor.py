@@ -185,7 +185,7 @@ class Supervisor:
             except ValueError as exc:
                 self._end(session, job, AttemptResult(Outcome.USER_ERROR, str(exc), None))
                 return None
-            write_spec(resolved.spec, self.job_dir)
+            write_spec(resolved.spec, self.job_dir, self.a.attempt)
             # Lines a lost attempt wrote after its last commit: record them before relaunching.
             leftovers, values = ingest_events(session, self.job_id, self.reader.read_new(), None, self.store)
             resume = self._resume_point(job)

@@ -53,10 +53,10 @@ STATUS_MAP = {
     "cancelled": "cancelled",
 }
 
-# Where an OpenAI field lands in the JobSpec, to name the OpenAI field in errors.
 # The sections of twinkle_spec that the OpenAI fields are merged into.
 MERGED_SECTIONS = ("model", "data", "training", "optimizer", "resources")
 
+# Where an OpenAI field lands in the JobSpec, to name the OpenAI field in errors.
 FIELD_FOR_SPEC_PATH = {
     "spec.model.model_id": "model",
     "spec.data.train_file": "training_file",
@@ -104,10 +104,10 @@ def to_job_create(body: FineTuningJobCreate) -> JobCreate:
     if hp.n_epochs != "auto":
         if training.get("max_steps") is not None:
             # max_steps would win over the epochs (it does in a native spec): say so, not drop one.
+            param = _hyperparameters_param(body) + ".n_epochs"
             raise InvalidRequest(
-                "hyperparameters.n_epochs and twinkle_spec.training.max_steps both set the run's "
-                "length: give one of them",
-                param=_hyperparameters_param(body) + ".n_epochs",
+                f"{param} and twinkle_spec.training.max_steps both set the run's length: give one of them",
+                param=param,
             )
         training["num_epochs"] = hp.n_epochs
     elif "num_epochs" not in training and "max_steps" not in training:

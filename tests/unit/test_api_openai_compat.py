@@ -228,6 +228,7 @@ def test_n_epochs_and_max_steps_together_are_a_422_not_one_dropped(api: Api, oa:
             model="org/tiny-llama", training_file=file_id, method=method, extra_body=length
         )  # type: ignore[arg-type]
     assert exc.value.body["param"] == "method.supervised.hyperparameters.n_epochs"  # type: ignore[index]
+    assert exc.value.body["message"].startswith("method.supervised.hyperparameters.n_epochs and")  # type: ignore[index]
     with api.session() as session:
         assert session.query(Job).count() == 0
     # Either one alone sets the length.

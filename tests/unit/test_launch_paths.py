@@ -111,3 +111,20 @@ def test_a_merged_export_checks_its_base_again_and_the_other_kinds_only_name_it(
     with pytest.raises(ValueError, match=r"base model \(model\.model_id\): .* service's own storage"):
         exporter._base_model(str(base), "merged")
     assert exporter._base_model(str(base), "adapter") == str(base)  # named in its config, never read
+
+
+def test_a_gang_node_tells_node_0s_spec_of_this_attempt_from_an_earlier_copy(tmp_path: Path) -> None:
+    """A node that shares node 0's job directory finds this attempt's spec there; one that does
+    not (or holds only its copy of an earlier attempt) resolves and checks its own."""
+    from twinkle_core.spec import JobSpec
+    from worker.spec_resolution import spec_written_for, write_spec
+
+    spec = JobSpec.model_validate(
+        {"model": {"model_id": "org/m"}, "data": {"train_file": "hf://datasets/o/d"}}
+    )
+    assert not spec_written_for(tmp_path, 1)
+    write_spec(spec, tmp_path, 1)
+    assert spec_written_for(tmp_path, 1) and not spec_written_for(tmp_path, 2)
+    write_spec(spec, tmp_path, 2)
+    assert spec_written_for(tmp_path, 2)
+    assert JobSpec.load(tmp_path / "spec.json").model.model_id == "org/m"
