@@ -8,7 +8,6 @@ when it was cancelled, 3 when `--timeout` passed first (the job goes on).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import time
@@ -258,27 +257,13 @@ def upload_local_datasets(client: TwinkleClient, spec: dict[str, Any]) -> None:
             continue  # not a local file: the server's 422 names the field
         key = local.resolve()
         if key not in ids:
-            asked_at = time.time()
-            uploaded = client.files.upload(local, idempotency_key=content_key(local))
+            uploaded, stored = client.files.upload_once(local)
             ids[key] = uploaded["id"]
-            if uploaded["created_at"] < int(asked_at):  # the server answered with an earlier upload
-                click.echo(f"{value} is {ids[key]}, uploaded earlier (spec.data.{field})", err=True)
-            else:
+            if stored:
                 click.echo(f"uploaded {value} as {ids[key]} (spec.data.{field})", err=True)
+            else:
+                click.echo(f"{value} is {ids[key]}, uploaded earlier (spec.data.{field})", err=True)
         data[field] = ids[key]
-
-
-def content_key(path: Path) -> str:
-    """An Idempotency-Key for uploading `path`: the same name and content give the same key, so
-    a submit run again (after a refusal, in a pipeline's every run) gets the file uploaded the
-    first time instead of a copy; the server answers a key's first upload for as long as it keeps
-    that file."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    name = hashlib.sha256(path.name.encode()).hexdigest()[:16]
-    return f"twinkle-cli-upload-{digest.hexdigest()}-{name}"
 
 
 def _follow(client: TwinkleClient, job_id: str, timeout: float | None, output: str) -> None:

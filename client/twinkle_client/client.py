@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import email.utils
+import hashlib
 import json
 import os
 import random
@@ -431,6 +432,16 @@ class Jobs(_Resource):
             time.sleep(poll)
 
 
+def content_key(path: Path) -> str:
+    """An Idempotency-Key for uploading `path`: the same for the same name and content."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    name = hashlib.sha256(path.name.encode()).hexdigest()[:16]
+    return f"upload-{digest.hexdigest()}-{name}"
+
+
 def _as_list(value: str | Sequence[str] | None) -> builtins.list[str] | None:
     if value is None:
         return None
@@ -449,6 +460,20 @@ class Files(_Resource):
         path = Path(path)
         with path.open("rb") as fh:
             return self.upload_fileobj(fh, path.name, purpose, idempotency_key=idempotency_key)
+
+    def upload_once(self, path: str | Path, purpose: str = "fine-tune") -> tuple[Json, bool]:
+        """Upload `path` unless a file of the same name and content was uploaded before: the
+        file, and whether this call stored it. The Idempotency-Key is made of the name and the
+        content's hash, so the server answers a repeat (a pipeline's next run, a submit after a
+        refused one) with the first upload, for as long as it keeps that file."""
+        path = Path(path)
+        headers = {"Idempotency-Key": content_key(path)}
+        with path.open("rb") as fh:
+            files = {"file": (path.name, fh)}
+            response = self._c.request(
+                "POST", "/v1/files", files=files, data={"purpose": purpose}, headers=headers
+            )
+        return response.json(), response.status_code == 201  # 200: the earlier upload, replayed
 
     def upload_fileobj(
         self,

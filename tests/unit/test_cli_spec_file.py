@@ -4,18 +4,15 @@ keeps one file and varies a field per run), and the command's `--version`."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
-from sqlalchemy import update
 from test_api_support import *  # noqa: F403
 from test_api_support import BOOTSTRAP, Api, spec_body
 from test_cli_admin import client_of
 
-from jobcore.db.models import File, utcnow
 from twinkle_cli import resources
 from twinkle_cli.main import cli
 
@@ -129,8 +126,6 @@ def test_submit_uploads_a_dataset_named_by_a_relative_local_path(
     assert stored["spec"]["data"]["train_file"] == stored["spec"]["data"]["validation_file"] == uploaded["id"]
 
     # Submitted again (a pipeline's next run, or after a refusal): the same file, not a copy.
-    with api.session() as session, session.begin():
-        session.execute(update(File).values(created_at=utcnow() - timedelta(minutes=5)))
     again = runner.invoke(cli, ["jobs", "submit", "-f", "job.yaml", "-o", "json"], catch_exceptions=False)
     assert again.exit_code == 0, again.output
     listed = api.client.get("/v1/files", headers=api.admin).json()["data"]
