@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -18,6 +19,7 @@ from test_cli_admin import client_of
 
 from twinkle_cli import resources
 from twinkle_cli.main import cli
+from twinkle_client.client import Jobs
 
 
 @pytest.fixture()
@@ -46,15 +48,38 @@ def follow(runner: CliRunner, job_id: str, *args: str) -> Result:
     return runner.invoke(cli, ["jobs", "logs", job_id, "--follow", *args], catch_exceptions=False)
 
 
-def test_follow_prints_the_tail_then_each_new_line_across_a_retry(api: Api, runner: CliRunner) -> None:
+def first_read_of_the_log(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once the follower has read the log the first time (its tail): the writer waits for it,
+    or on a loaded machine a line written while the command starts would be part of the tail."""
+    read = threading.Event()
+    logs = Jobs.logs
+
+    def reading(self: Jobs, *args: Any, **kwargs: Any) -> Any:
+        answer = logs(self, *args, **kwargs)
+        read.set()
+        return answer
+
+    monkeypatch.setattr(Jobs, "logs", reading)
+    return read
+
+
+def test_follow_prints_the_tail_then_each_new_line_across_a_retry(
+    api: Api, runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
     job_id = api.submit()["id"]
     logs = api.settings.jobs_dir / job_id / "logs"
     logs.mkdir(parents=True)
     first, second = logs / "attempt-1.log", logs / "attempt-2.log"
     first.write_text("boot\nstep 1\nstep 2\n")
     api.force_status(job_id, "running", attempt=1)
+    tail_read = first_read_of_the_log(monkeypatch)
+
+    def after_the_tail() -> None:
+        tail_read.wait(60)  # and on regardless: a follower that never read fails the assertion below
+
     writer = in_background(
         [
+            after_the_tail,
             lambda: append(first, "step 3\n"),
             lambda: append(first, "rank 0 died\n"),
             lambda: api.force_status(job_id, "running", attempt=2),  # a retry, its log not yet there
