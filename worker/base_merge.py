@@ -1,8 +1,9 @@
 """A LoRA job's model as the base of a new job: its adapter merged into its base, once, in the new
 job's directory, before the first launch.
 
-The merge is the `merged` export (`twinkle_core.export`), run as a process of its own as the
-exporter runs it (the worker stays free of torch, and an OOM ends that process only). Its output
+The merge is the `merged` export (`twinkle_core.export`), run as the exporter runs it
+(`worker.exports.start_export`: a process of its own on the CPU, so the worker stays free of
+torch and an OOM ends that process only). Its output
 goes into the attempt's log. The folder appears whole (the export renames it into place), so a
 retry or a resume finds it and trains on it without merging again, even after the LoRA job's
 checkpoint is gone. While it runs, the job's heartbeat goes on and a cancel or pause stops it.
@@ -11,7 +12,6 @@ checkpoint is gone. While it runs, the job's heartbeat goes on and a cancel or p
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -21,6 +21,7 @@ from jobcore.local_paths import PathRefused, pin_local_path
 from jobcore.settings import Settings
 from jobcore.trained_base import TrainedBase
 from twinkle_core.export import ExportRequest, public_base_name
+from worker.exports import start_export
 
 # The merged weights, in the job's directory.
 MERGED_BASE_DIR = "base-model"
@@ -83,12 +84,7 @@ def run_merge(
             what = f"the LoRA adapter of job {request.job_id} (step {request.step})"
             log.write(f"merging {what} into its base\n".encode())
             log.flush()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "twinkle_core.export", str(request_file)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            proc = start_export(request_file, log)
             while True:
                 try:
                     code = proc.wait(poll_seconds)

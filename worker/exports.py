@@ -27,6 +27,7 @@ import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import IO
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -166,16 +167,9 @@ class Exporter:
         request_file = directory / f".{claimed.id}.request.json"
         log_file = directory / f".{claimed.id}.log"
         claimed.request.write(request_file)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
         log.info("export %s: %s of %s", claimed.id, claimed.request.kind, claimed.request.checkpoint_dir)
         with log_file.open("wb") as out:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "twinkle_core.export", str(request_file)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
+            self._proc = start_export(request_file, out)
             while True:
                 try:
                     code = self._proc.wait(self.settings.heartbeat_seconds)
@@ -210,6 +204,15 @@ class Exporter:
                 session.execute(update(Export).where(Export.id == export_id).values(heartbeat_at=utcnow()))
         except Exception:
             log.warning("export %s: heartbeat failed; the export goes on", export_id, exc_info=True)
+
+
+def start_export(request_file: Path, out: IO[bytes]) -> subprocess.Popen[bytes]:
+    """`python -m twinkle_core.export` on an ExportRequest file, its output into `out`: on the CPU,
+    in a session of its own (the exporter's exports, and a LoRA job's model merged as a new job's
+    base: worker.base_merge)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
+    argv = [sys.executable, "-m", "twinkle_core.export", str(request_file)]
+    return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
 def job_deleted(db: str, job_id: str) -> bool:
