@@ -40,15 +40,12 @@ def resolve_spec(session: Session, job: Job, settings: Settings) -> ResolvedSpec
     except Exception as exc:  # pydantic.ValidationError is a ValueError subclass; be explicit anyway
         raise ValueError(f"spec: {exc}") from exc
     model = spec.model
-    try:
-        # Checked at submit; checked again here, and resolved, in case a link changed since. (A
-        # file id or a model's name is no path, and stays as it is for the steps below.)
-        for field in ("train_file", "validation_file"):
-            setattr(spec.data, field, _pinned(getattr(spec.data, field), f"data.{field}", settings))
-        model.model_id = _pinned(model.model_id, "model.model_id", settings)
-        model.tokenizer_id = _pinned(model.tokenizer_id, "model.tokenizer_id", settings)
-    except PathRefused as exc:
-        raise ValueError(str(exc)) from None
+    # Checked at submit; checked again here, and resolved, in case a link changed since. (A file
+    # id or a model's name is no path, and stays as it is for the steps below.)
+    for field in ("train_file", "validation_file"):
+        setattr(spec.data, field, _pinned(getattr(spec.data, field), f"data.{field}", settings))
+    model.model_id = _pinned(model.model_id, "model.model_id", settings)
+    model.tokenizer_id = _pinned(model.tokenizer_id, "model.tokenizer_id", settings)
     base_merge = None
     if is_trained_base_name(spec.model.model_id):
         assert spec.model.model_id is not None
@@ -74,7 +71,7 @@ def _pinned(value: str | None, field: str, settings: Settings) -> str | None:
     try:
         return pin_local_path(value, settings)
     except PathRefused as exc:
-        raise PathRefused(f"{field}: {exc}") from None
+        raise ValueError(f"{field}: {exc}") from None
 
 
 def _resolve_file(session: Session, project_id: str, ref: str, field: str) -> str:
