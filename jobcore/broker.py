@@ -31,6 +31,9 @@ WAKE_TASK = "worker.wake"
 EXPORT_TASK = "worker.export"
 # kombu's SQLAlchemy transport polls its table this often (about 0.2 s of dispatch latency).
 SQLA_POLL_SECONDS = 0.2
+# The longest a consumer on the embedded broker waits for a message before its loop looks at a
+# shutdown request again (Celery's loop for polled transports asks for 2 s at a time).
+SQLA_DRAIN_SLICE_SECONDS = 0.25
 
 
 # kombu creates two tables (queue, message). Each "already exists" means one more of them was
@@ -58,11 +61,26 @@ class RaceSafeChannel(kombu_sqlalchemy.Channel):
             return self.session.query(self.queue_cls).filter(self.queue_cls.name == queue).one()
 
 
+def _drain_in_slices(self: kombu_sqlalchemy.Transport, connection: Any, timeout: float | None = None) -> Any:
+    """kombu's polling `drain_events`, waiting at most `SQLA_DRAIN_SLICE_SECONDS` per call.
+
+    A worker's SIGTERM only sets a flag that Celery's loop reads between two calls; with the 2 s
+    it asks for, every stop of a worker on the embedded broker (each Ctrl-C of `up`, each test)
+    waited out the rest of them."""
+    if timeout is not None:
+        timeout = min(timeout, SQLA_DRAIN_SLICE_SECONDS)
+    return _KOMBU_DRAIN_EVENTS(self, connection, timeout=timeout)
+
+
+_KOMBU_DRAIN_EVENTS = kombu_sqlalchemy.Transport.drain_events
+
+
 def install_embedded_broker(poll_seconds: float = SQLA_POLL_SECONDS) -> None:
     transport = kombu_sqlalchemy.Transport
     transport.Channel = RaceSafeChannel
     # Set on the class: passing polling_interval through broker_transport_options crashes kombu 5.7.0.
     transport.polling_interval = poll_seconds
+    transport.drain_events = _drain_in_slices  # type: ignore[method-assign,assignment]
 
 
 @lru_cache(maxsize=8)
