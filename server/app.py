@@ -7,6 +7,7 @@ usable with one environment variable.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -32,7 +33,7 @@ from server.common.heap import freeze_startup_heap
 from server.common.middleware import RequestContextMiddleware
 from server.common.ratelimit_headers import RateLimitHeadersMiddleware
 from server.dashboard.router import router as dashboard_router
-from server.errors import install_error_handlers
+from server.errors import OPENAI_SHAPED_TAGS, install_error_handlers
 from server.exports.router import router as exports_router
 from server.files.router import MULTIPART_OVERHEAD
 from server.files.router import router as files_router
@@ -109,8 +110,11 @@ def body_limits(settings: Settings) -> Callable[[str, str], int]:
     return limit_for
 
 
-def document_body_limit(app: FastAPI) -> None:
-    """Add the middleware's 413 to every operation that takes a body (routes cannot see it)."""
+def complete_document(app: FastAPI) -> None:
+    """What the routes cannot say for themselves in the OpenAPI document: the middleware's 413 on
+    every operation that takes a body, and no FastAPI 422 on the routes shaped after OpenAI's,
+    which refuse a value with 400 (FastAPI adds its own `{"detail": [...]}` 422 to a route that
+    documents none; this API never sends that shape)."""
     generate = app.openapi
     too_large = {
         "description": "The request body is larger than TWINKLE_MAX_REQUEST_BYTES (uploads: "
@@ -126,6 +130,12 @@ def document_body_limit(app: FastAPI) -> None:
             for operation in path_item.values():
                 if "requestBody" in operation:
                     operation["responses"].setdefault("413", dict(too_large))
+                if OPENAI_SHAPED_TAGS.intersection(operation.get("tags", ())):
+                    operation["responses"].pop("422", None)
+        schemas = document.get("components", {}).get("schemas", {})
+        if '"#/components/schemas/HTTPValidationError"' not in json.dumps(document.get("paths", {})):
+            schemas.pop("HTTPValidationError", None)
+            schemas.pop("ValidationError", None)
         return document
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -186,5 +196,5 @@ def create_app(settings: Settings | None = None, dispatch: Callable[[str], None]
     for router in (inference_router, *(r for r in API_ROUTERS if r is not inference_router)):
         app.include_router(router)
     app.include_router(dashboard_router)  # the web UI (include_in_schema=False: not in the API document)
-    document_body_limit(app)
+    complete_document(app)
     return app

@@ -4,6 +4,10 @@ Every failure a client can see goes through these handlers, so a dashboard or a 
 one code path for errors: validation (422, `param` is the dotted field path), authentication
 (401), scope (403), not found or another project's object (404), state conflicts (409), rate
 limits (429 with Retry-After) and, without details, unexpected failures (500).
+
+The routes shaped after OpenAI's API (fine-tuning jobs, models, generation) refuse a value with
+400 instead, as OpenAI does: its SDK raises `BadRequestError` for a 400 and a sibling class,
+`UnprocessableEntityError`, for a 422, and scripts written against OpenAI catch the first.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from twinkle_core.spec_hints import unknown_field_message
 log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "x-request-id"
+# The tags of the routers shaped after OpenAI's API: their refusals of a value are 400s.
+OPENAI_SHAPED_TAGS = frozenset({"openai-compatible", "inference"})
 
 
 class ApiError(Exception):
@@ -121,6 +127,13 @@ def error_json(
     return JSONResponse(status_code=status, content=body, headers=headers)
 
 
+def refusal_status(request: Request) -> int:
+    """The status of a refused value on this request's route: 400 where the route is shaped after
+    OpenAI's API, 422 elsewhere (also where no route matched)."""
+    tags = getattr(request.scope.get("route"), "tags", None) or ()
+    return 400 if OPENAI_SHAPED_TAGS.intersection(tags) else 422
+
+
 def _with_request_id(request: Request, response: JSONResponse) -> JSONResponse:
     # Errors answered by ServerErrorMiddleware bypass the request-id middleware's send wrapper.
     request_id = getattr(request.state, "request_id", None)
@@ -161,7 +174,8 @@ def _validation_message(error: dict[str, Any], param: str | None) -> str:
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    response = error_json(exc.status_code, exc.type, exc.code, exc.message, exc.param, exc.headers)
+    status = refusal_status(request) if exc.status_code == 422 else exc.status_code
+    response = error_json(status, exc.type, exc.code, exc.message, exc.param, exc.headers)
     return _with_request_id(request, response)
 
 
@@ -185,7 +199,8 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     if len(errors) > LISTED_ERRORS:
         rest = len(errors) - LISTED_ERRORS
         message += f" (and {rest} more error{'s' if rest > 1 else ''})"
-    return _with_request_id(request, error_json(422, "invalid_request_error", code, message, param))
+    response = error_json(refusal_status(request), "invalid_request_error", code, message, param)
+    return _with_request_id(request, response)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -200,8 +215,8 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     status = exc.status_code
     if status == 400:
         # FastAPI answers a body it cannot decode at all (bad encoding, broken multipart) with 400;
-        # for clients it is the same kind of mistake as malformed JSON, which is a 422.
-        status, code = 422, "invalid_body"
+        # for clients it is the same kind of mistake as malformed JSON, which is a 422 (or 400).
+        status, code = refusal_status(request), "invalid_body"
     headers = dict(exc.headers) if exc.headers else None
     response = error_json(status, type_, code, str(exc.detail), None, headers)
     return _with_request_id(request, response)
@@ -218,7 +233,8 @@ async def _unstorable_value(request: Request, exc: Exception) -> JSONResponse:
     # column, or an integer beyond 64 bits. It is the client's input, so a 422, not a 500.
     log.info("unstorable value on %s %s: %s", request.method, request.url.path, type(exc).__name__)
     message = "a value in the request cannot be stored: it is out of range or contains a NUL character"
-    return _with_request_id(request, error_json(422, "invalid_request_error", "invalid_value", message, None))
+    response = error_json(refusal_status(request), "invalid_request_error", "invalid_value", message, None)
+    return _with_request_id(request, response)
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
@@ -246,9 +262,11 @@ RATE_LIMIT_HEADERS: dict[str, Any] = {
 }
 
 
-def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses=` entries documenting the error envelope for the given statuses."""
+def error_responses(*statuses: int, refusal: int = 422) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` entries documenting the error envelope for the given statuses, and for
+    `refusal`, the status of a refused value (400 on the routes shaped after OpenAI's)."""
     descriptions = {
+        400: "Invalid request; `param` names the field",
         401: "Missing, unknown or revoked token",
         403: "The token lacks the scope this operation needs",
         404: "No such object in the caller's project",
@@ -258,10 +276,10 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         429: "Rate limit or project limit reached; see Retry-After",
         503: "A dependency (database, broker) is unreachable",
     }
-    # 422 always: any route with parameters can refuse them, and FastAPI would otherwise document
-    # its own `{"detail": [...]}` shape, which this API never sends.
+    # The refusal always: any route with parameters can refuse them, and FastAPI would otherwise
+    # document its own 422 `{"detail": [...]}` shape, which this API never sends.
     out: dict[int | str, dict[str, Any]] = {}
-    for status in sorted({*statuses, 422}):
+    for status in sorted({*statuses, refusal} - ({422} if refusal != 422 else set())):
         out[status] = {"model": ErrorResponse, "description": descriptions[status]}
         if status == 429:
             retry = {"description": "Seconds to wait before retrying", "schema": {"type": "integer"}}

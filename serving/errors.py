@@ -44,7 +44,8 @@ class InvalidRequest(ServingError):
 
 
 class InvalidValue(ServingError):
-    status_code = 422
+    """A field's value is refused (`param` names it): a 400, as OpenAI answers it."""
+
     code = "invalid_value"
 
 

@@ -10,7 +10,7 @@ request is closed at once, and the host, seeing its client gone, stops generatin
 slot. Without that a long generation would hold a slot until `max_tokens` for nobody.
 
 Errors keep the service's envelope. A host's 4xx envelope about the request (400 over the
-context, 422 naming a field) reaches the client as is; a host that refuses the server itself
+context or naming a field) reaches the client as is; a host that refuses the server itself
 (401/403: a wrong serving secret or jobs root) or fails (5xx other than 503) is a 502, since
 nothing the client changes would help.
 """

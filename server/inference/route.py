@@ -93,7 +93,7 @@ class GenerationRoute(APIRoute):
             try:
                 body = shape.model.model_validate_json(await request.body())
             except ValidationError:
-                return await fastapi_handler(request)  # its 422 (or the token's 401 first)
+                return await fastapi_handler(request)  # its 400 (or the token's 401 first)
             principal = await shape.token_auth(request)
             arguments = {
                 shape.body: body,

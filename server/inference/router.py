@@ -41,8 +41,12 @@ _RETRY_AFTER = {
     "Retry-After": {"description": "Seconds to wait before retrying", "schema": {"type": "integer"}}
 }
 GENERATION_ERRORS: dict[int | str, dict[str, Any]] = {
-    **error_responses(401, 403, 404, 422, 429),
-    400: {"model": ErrorResponse, "description": "The prompt plus `max_tokens` exceed the model's context"},
+    **error_responses(401, 403, 404, 429, refusal=400),
+    400: {
+        "model": ErrorResponse,
+        "description": "Invalid request (`param` names the field), or the prompt plus `max_tokens` "
+        "exceed the model's context",
+    },
     502: {"model": ErrorResponse, "description": "The serving host failed"},
     503: {
         "model": ErrorResponse,
@@ -104,7 +108,10 @@ async def _relay(
 
 
 @router.get(
-    "/models", operation_id="listModels", response_model=ModelList, responses=error_responses(401, 403, 429)
+    "/models",
+    operation_id="listModels",
+    response_model=ModelList,
+    responses=error_responses(401, 403, 429, refusal=400),
 )
 async def list_models(session: SessionDep, principal: ReadPrincipal) -> ModelList:
     """What the project can call (every succeeded job's `fine_tuned_model`), then the base models
@@ -116,7 +123,7 @@ async def list_models(session: SessionDep, principal: ReadPrincipal) -> ModelLis
     "/models/{model:path}",
     operation_id="retrieveModel",
     response_model=ModelObject,
-    responses=error_responses(401, 403, 404, 429),
+    responses=error_responses(401, 403, 404, 429, refusal=400),
 )
 async def retrieve_model(
     model: Annotated[str, Path(max_length=512, description="A name from /v1/models, or JOB_ID:ckpt-STEP")],

@@ -1,6 +1,6 @@
 """Bodies of the inference endpoints, shaped as OpenAI's chat/completions and models APIs.
 
-Requests declare the fields that the service documents and checks here (a bad value is a 422
+Requests declare the fields that the service documents and checks here (a bad value is a 400
 naming the field before any host is asked); other OpenAI keys (`user`, `stream_options`, ...)
 pass through to the serving host, which knows what its engine supports. `twinkle` is the one key
 a client may not send: the server fills it in for the host (which checkpoint, which base).

@@ -25,7 +25,7 @@ router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["openai-compatible"])
 
 JobId = Annotated[str, Path(max_length=64, description="A job id (job-...)")]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
-ERRORS = error_responses(401, 403, 404, 409, 422, 429)
+ERRORS = error_responses(401, 403, 404, 409, 429, refusal=400)
 
 
 def _page(data: list[Any], has_more: bool) -> OpenAIList:

@@ -108,11 +108,11 @@ def test_twinkle_spec_rides_along_and_errors_name_openai_fields(oa: openai.OpenA
     assert job.hyperparameters.n_epochs == "auto"  # max_steps sets the length, not the default 1 epoch
     assert native["spec"]["training"]["batch_size"] == 8  # auto, a multiple of the 2 ranks
 
-    with pytest.raises(openai.UnprocessableEntityError) as exc:
+    with pytest.raises(openai.BadRequestError) as exc:
         oa.fine_tuning.jobs.create(model="org/tiny-llama", training_file="file-doesnotexist")
     assert exc.value.body["param"] == "training_file"  # type: ignore[index]
 
-    with pytest.raises(openai.UnprocessableEntityError) as exc:
+    with pytest.raises(openai.BadRequestError) as exc:
         oa.fine_tuning.jobs.create(
             model="org/tiny-llama",
             training_file=file_id,
@@ -125,7 +125,7 @@ def test_twinkle_spec_rides_along_and_errors_name_openai_fields(oa: openai.OpenA
         ("max_step", "twinkle_spec.training.max_steps"),
         ("lr", "twinkle_spec.optimizer.lr"),
     ):
-        with pytest.raises(openai.UnprocessableEntityError) as exc:
+        with pytest.raises(openai.BadRequestError) as exc:
             oa.fine_tuning.jobs.create(
                 model="org/tiny-llama",
                 training_file=file_id,
@@ -134,7 +134,7 @@ def test_twinkle_spec_rides_along_and_errors_name_openai_fields(oa: openai.OpenA
         assert exc.value.body["param"] == f"twinkle_spec.training.{wrong}"  # type: ignore[index]
         assert exc.value.body["message"].endswith(f"(did you mean '{meant}'?)")  # type: ignore[index]
 
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError):
         oa.fine_tuning.jobs.create(
             model="org/tiny-llama", training_file=file_id, hyperparameters={"n_epochs": 0}
         )
@@ -188,11 +188,11 @@ def test_files_through_the_openai_client(oa: openai.OpenAI) -> None:
         ({"optimizer": "x"}, "twinkle_spec.optimizer"),
     ],
 )
-def test_a_twinkle_spec_section_of_the_wrong_shape_is_a_422_naming_it(
+def test_a_twinkle_spec_section_of_the_wrong_shape_is_a_400_naming_it(
     api: Api, oa: openai.OpenAI, twinkle_spec: dict[str, object], param: str
 ) -> None:
     file_id = _upload(oa)
-    with pytest.raises(openai.UnprocessableEntityError) as exc:
+    with pytest.raises(openai.BadRequestError) as exc:
         oa.fine_tuning.jobs.create(
             model="org/tiny-llama",
             training_file=file_id,
@@ -206,24 +206,24 @@ def test_a_twinkle_spec_section_of_the_wrong_shape_is_a_422_naming_it(
 
 def test_a_seed_over_32_bits_is_refused(oa: openai.OpenAI) -> None:
     file_id = _upload(oa)
-    with pytest.raises(openai.UnprocessableEntityError) as exc:
+    with pytest.raises(openai.BadRequestError) as exc:
         oa.fine_tuning.jobs.create(model="org/tiny-llama", training_file=file_id, seed=2**32)
     assert exc.value.body["param"] == "seed"  # type: ignore[index]
     job = oa.fine_tuning.jobs.create(model="org/tiny-llama", training_file=file_id, seed=2**32 - 1)
     assert job.seed == 2**32 - 1
 
 
-def test_n_epochs_and_max_steps_together_are_a_422_not_one_dropped(api: Api, oa: openai.OpenAI) -> None:
+def test_n_epochs_and_max_steps_together_are_a_400_not_one_dropped(api: Api, oa: openai.OpenAI) -> None:
     file_id = _upload(oa)
     length = {"twinkle_spec": {"training": {"max_steps": 3}}}
-    with pytest.raises(openai.UnprocessableEntityError) as exc:
+    with pytest.raises(openai.BadRequestError) as exc:
         oa.fine_tuning.jobs.create(
             model="org/tiny-llama", training_file=file_id, hyperparameters={"n_epochs": 1}, extra_body=length
         )
     assert exc.value.body["param"] == "hyperparameters.n_epochs"  # type: ignore[index]
     assert "max_steps" in exc.value.body["message"]  # type: ignore[index]
     method = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2}}}
-    with pytest.raises(openai.UnprocessableEntityError) as exc:
+    with pytest.raises(openai.BadRequestError) as exc:
         oa.fine_tuning.jobs.create(
             model="org/tiny-llama", training_file=file_id, method=method, extra_body=length
         )  # type: ignore[arg-type]

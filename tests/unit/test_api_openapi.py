@@ -76,6 +76,19 @@ def test_operations_have_stable_ids_and_documented_errors() -> None:
     create = operations[("/v1/jobs", "post")]
     assert {"200", "201", "409", "422"} <= set(create["responses"])
     assert document["components"]["schemas"]["JobCreate"]["examples"]
+    # A refused value: 400 on the routes shaped after OpenAI's, as OpenAI answers it, 422 on the
+    # native ones; never FastAPI's own `{"detail": [...]}` 422, which the API does not send.
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    shaped = {key for key, op in operations.items() if {"openai-compatible", "inference"} & set(op["tags"])}
+    for key in (("/v1/fine_tuning/jobs", "post"), ("/v1/chat/completions", "post"), ("/v1/models", "get")):
+        assert key in shaped
+    for key, op in operations.items():
+        if key[0].startswith("/v1/"):
+            refusal = "400" if key in shaped else "422"
+            assert refusal in op["responses"] and (key not in shaped or "422" not in op["responses"]), key
+            assert op["responses"][refusal]["content"]["application/json"]["schema"]["$ref"].endswith(
+                "/ErrorResponse"
+            )
 
 
 def test_the_job_object_publishes_the_status_and_action_vocabulary() -> None:

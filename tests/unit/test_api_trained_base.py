@@ -139,7 +139,7 @@ def test_the_fine_tuning_api_takes_a_fine_tuned_model_as_its_base(api: Api) -> N
     assert created.status_code == 200, created.text
     assert created.json()["model"] == name
     refused = api.client.post("/v1/fine_tuning/jobs", json={**body, "model": f"{name}x"}, headers=api.admin)
-    assert refused.status_code == 422 and refused.json()["error"]["param"] == "model"
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
 
 
 def test_a_job_others_still_train_from_is_not_deleted(api: Api) -> None:
