@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Query
+from fastapi import APIRouter, Header, Path, Query, Request
 
 from server.checkpoints import service as checkpoints
 from server.common.pagination import MAX_LIMIT
@@ -16,7 +16,7 @@ from server.deps import ReadPrincipal, SessionDep, SettingsDep, WritePrincipal
 from server.errors import InvalidRequest, error_responses
 from server.jobs import service as jobs
 from server.jobs.router import DispatchDep
-from server.jobs.schemas import JobResume
+from server.jobs.schemas import METADATA_KEY, JobResume
 from server.openai_compat import service
 from server.openai_compat.schemas import FineTuningJob, FineTuningJobCreate, OpenAIList
 from server.progress import service as progress
@@ -24,7 +24,9 @@ from server.progress import service as progress
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["openai-compatible"])
 
 JobId = Annotated[str, Path(max_length=64, description="A job id (job-...)")]
-Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
+# Any size is taken, as OpenAI's lists take sizes up to 10,000; a page holds at most MAX_LIMIT
+# and `has_more` says that more follow (the openai package's iteration fetches them).
+Limit = Annotated[int, Query(ge=1, description=f"Page size; a page holds at most {MAX_LIMIT}")]
 ERRORS = error_responses(401, 403, 404, 409, 429, refusal=400)
 
 
@@ -60,16 +62,52 @@ def create(
     return _render(session, job)
 
 
-@router.get("", operation_id="openaiListFineTuningJobs", response_model=OpenAIList, responses=ERRORS)
+def metadata_filter(request: Request) -> dict[str, str]:
+    """The `metadata[key]=value` query pairs, the form in which the openai package sends
+    `jobs.list(metadata={...})`: every pair must be in the job's metadata."""
+    filters: dict[str, str] = {}
+    for name, value in request.query_params.multi_items():
+        if name != "metadata" and not name.startswith("metadata["):
+            continue
+        key = name.removeprefix("metadata[").removesuffix("]")
+        if name == "metadata" or not name.endswith("]") or not METADATA_KEY.match(key):
+            raise InvalidRequest(
+                f"'{name}': filter by metadata with metadata[key]=value (key: letters, digits, _.-)",
+                param="metadata",
+            )
+        filters[key] = value
+    return filters
+
+
+METADATA_FILTER = {
+    "name": "metadata",
+    "in": "query",
+    "style": "deepObject",
+    "explode": True,
+    "required": False,
+    "description": "Only jobs whose metadata holds every pair: `metadata[team]=nlp`",
+    "schema": {"type": "object", "additionalProperties": {"type": "string"}},
+}
+
+
+@router.get(
+    "",
+    operation_id="openaiListFineTuningJobs",
+    response_model=OpenAIList,
+    responses=ERRORS,
+    openapi_extra={"parameters": [METADATA_FILTER]},
+)
 def list_jobs(
+    request: Request,
     session: SessionDep,
     principal: ReadPrincipal,
     after: Annotated[str | None, Query(max_length=64)] = None,
     limit: Limit = 20,
 ) -> OpenAIList:
     """The project's jobs, newest first."""
+    filters = metadata_filter(request)
     rows, has_more = jobs.list_jobs(
-        session, principal, statuses=[], name=None, metadata={}, after=after, limit=limit
+        session, principal, statuses=[], name=None, metadata=filters, after=after, limit=min(limit, MAX_LIMIT)
     )
     natives = jobs.present_jobs(session, rows)
     data = [service.present_job(job, native) for job, native in zip(rows, natives, strict=True)]
@@ -134,7 +172,7 @@ def list_events(
         session,
         job.id,
         after=service.parse_event_cursor(after),
-        limit=limit,
+        limit=min(limit, MAX_LIMIT),
         descending=True,
         types=[],
         levels=[],
@@ -157,6 +195,8 @@ def list_checkpoints(
     limit: Limit = 10,
 ) -> OpenAIList:
     """The job's complete checkpoints, highest step first."""
-    rows, has_more = checkpoints.list_checkpoints(session, principal, job_id, after=after, limit=limit)
+    rows, has_more = checkpoints.list_checkpoints(
+        session, principal, job_id, after=after, limit=min(limit, MAX_LIMIT)
+    )
     data = [service.present_checkpoint(c) for c in rows]
     return _page(data, has_more)

@@ -34,7 +34,8 @@ class SupervisedMethod(BaseModel):
 class Method(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    type: Literal["supervised"] = "supervised"
+    # Any string, so that "dpo" or "reinforcement" is refused by name (server/openai_compat/service.py).
+    type: str = Field(default="supervised", max_length=64, description="Only 'supervised' is supported")
     supervised: SupervisedMethod | None = None
 
 

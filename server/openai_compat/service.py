@@ -70,24 +70,42 @@ FIELD_FOR_SPEC_PATH = {
 
 
 def _hyperparameters(body: FineTuningJobCreate) -> Hyperparameters:
+    """The request's hyperparameters: `method.supervised.hyperparameters`, or the top-level
+    `hyperparameters` that OpenAI deprecated for it. Given in both places, they must agree."""
     method = body.method
-    if method and method.supervised and method.supervised.hyperparameters:
-        return method.supervised.hyperparameters
-    return body.hyperparameters or Hyperparameters()
+    chosen = method.supervised.hyperparameters if method and method.supervised else None
+    legacy = body.hyperparameters
+    if chosen is None:
+        return legacy or Hyperparameters()
+    if legacy is not None:
+        for name in sorted(chosen.model_fields_set & legacy.model_fields_set):
+            if getattr(chosen, name) != getattr(legacy, name):
+                raise InvalidRequest(
+                    f"hyperparameters.{name} ({getattr(legacy, name)!r}) differs from "
+                    f"method.supervised.hyperparameters.{name} ({getattr(chosen, name)!r}): give it once",
+                    param=f"hyperparameters.{name}",
+                )
+        merged = {**legacy.model_dump(exclude_unset=True), **chosen.model_dump(exclude_unset=True)}
+        return Hyperparameters.model_validate(merged)
+    return chosen
 
 
-def _hyperparameters_param(body: FineTuningJobCreate) -> str:
-    """Where the request gave its hyperparameters, for an error's `param`."""
+def _hyperparameters_param(body: FineTuningJobCreate, name: str) -> str:
+    """Where the request gave hyperparameter `name`, for an error's `param`."""
     method = body.method
-    if method and method.supervised and method.supervised.hyperparameters:
-        return "method.supervised.hyperparameters"
-    return "hyperparameters"
+    chosen = method.supervised.hyperparameters if method and method.supervised else None
+    if chosen is not None and name in chosen.model_fields_set:
+        return f"method.supervised.hyperparameters.{name}"
+    return f"hyperparameters.{name}"
 
 
 def to_job_create(body: FineTuningJobCreate) -> JobCreate:
     """Resolve "auto" hyperparameters into a full job body; explicit values in twinkle_spec win over auto."""
     if body.method and body.method.type != "supervised":
-        raise InvalidRequest("only the 'supervised' method is supported", param="method.type")
+        raise InvalidRequest(
+            f"method.type {body.method.type!r} is not supported: only 'supervised' fine-tuning is",
+            param="method.type",
+        )
     hp = _hyperparameters(body)
     spec: dict[str, Any] = copy.deepcopy(body.twinkle_spec or {})
     for section in MERGED_SECTIONS:  # the OpenAI fields are merged into these
@@ -104,7 +122,7 @@ def to_job_create(body: FineTuningJobCreate) -> JobCreate:
     if hp.n_epochs != "auto":
         if training.get("max_steps") is not None:
             # max_steps would win over the epochs (it does in a native spec): say so, not drop one.
-            param = _hyperparameters_param(body) + ".n_epochs"
+            param = _hyperparameters_param(body, "n_epochs")
             raise InvalidRequest(
                 f"{param} and twinkle_spec.training.max_steps both set the run's length: give one of them",
                 param=param,

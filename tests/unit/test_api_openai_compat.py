@@ -238,3 +238,55 @@ def test_n_epochs_and_max_steps_together_are_a_400_not_one_dropped(api: Api, oa:
         model="org/tiny-llama", training_file=file_id, hyperparameters={"n_epochs": 1}
     )
     assert by_epochs.hyperparameters.n_epochs == 1
+
+
+def test_jobs_list_filters_by_metadata_and_takes_any_page_size(oa: openai.OpenAI) -> None:
+    file_id = _upload(oa)
+    tagged = {
+        team: oa.fine_tuning.jobs.create(
+            model="org/tiny-llama", training_file=file_id, metadata={"team": team, "run": "a"}
+        ).id
+        for team in ("nlp", "vision")
+    }
+    untagged = oa.fine_tuning.jobs.create(model="org/tiny-llama", training_file=file_id).id
+    # The openai package sends `metadata={...}` as metadata[key]=value pairs; every pair must hold.
+    assert [j.id for j in oa.fine_tuning.jobs.list(metadata={"team": "nlp"})] == [tagged["nlp"]]
+    assert [j.id for j in oa.fine_tuning.jobs.list(metadata={"team": "nlp", "run": "b"})] == []
+    assert {j.id for j in oa.fine_tuning.jobs.list(metadata={"run": "a"})} == set(tagged.values())
+    with pytest.raises(openai.BadRequestError) as exc:
+        oa.fine_tuning.jobs.list(extra_query={"metadata[bad key]": "x"})
+    assert exc.value.body["param"] == "metadata"  # type: ignore[index]
+    # OpenAI's lists take page sizes far above ours: a page is capped, not refused.
+    page = oa.fine_tuning.jobs.list(limit=10_000)
+    assert [j.id for j in page.data][-1] == tagged["nlp"] and untagged in {j.id for j in page.data}
+    assert oa.fine_tuning.jobs.list_events(untagged, limit=5_000).data
+    assert oa.fine_tuning.jobs.checkpoints.list(untagged, limit=5_000).data == []
+    with pytest.raises(openai.BadRequestError):
+        oa.fine_tuning.jobs.list(limit=0)
+
+
+def test_hyperparameters_given_twice_must_agree_and_other_methods_are_refused_by_name(
+    api: Api, oa: openai.OpenAI
+) -> None:
+    file_id = _upload(oa)
+    method = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2}}}
+    with pytest.raises(openai.BadRequestError) as exc:
+        oa.fine_tuning.jobs.create(
+            model="org/tiny-llama", training_file=file_id, hyperparameters={"n_epochs": 1}, method=method
+        )  # type: ignore[arg-type]
+    assert exc.value.body["param"] == "hyperparameters.n_epochs"  # type: ignore[index]
+    with api.session() as session:
+        assert session.query(Job).count() == 0
+    # Agreeing, or each giving other fields: one set of hyperparameters.
+    job = oa.fine_tuning.jobs.create(
+        model="org/tiny-llama",
+        training_file=file_id,
+        hyperparameters={"n_epochs": 2, "batch_size": 4},
+        method=method,  # type: ignore[arg-type]
+    )
+    assert (job.hyperparameters.n_epochs, job.hyperparameters.batch_size) == (2, 4)
+    for kind in ("dpo", "reinforcement"):
+        with pytest.raises(openai.BadRequestError) as exc:
+            oa.fine_tuning.jobs.create(model="org/tiny-llama", training_file=file_id, method={"type": kind})  # type: ignore[arg-type]
+        assert exc.value.body["param"] == "method.type"  # type: ignore[index]
+        assert f"'{kind}' is not supported" in exc.value.body["message"]  # type: ignore[index]
