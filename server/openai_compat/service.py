@@ -227,8 +227,11 @@ def present_job(job: Job, native: JobOut) -> FineTuningJob:
 def present_event(event: JobEventOut) -> FineTuningEvent:
     data = dict(event.data or {})
     is_metrics = event.type == "metrics"
+    # OpenAI's names for a step's loss and an evaluation's, as its checkpoints' metrics use them.
     if is_metrics and "loss" in data:
         data.setdefault("train_loss", data["loss"])
+    if is_metrics and "eval_loss" in data:
+        data.setdefault("valid_loss", data["eval_loss"])
     level = event.level if event.level in ("info", "warn", "error") else "info"
     return FineTuningEvent(
         id=f"{EVENT_ID_PREFIX}{event.id}",

@@ -61,7 +61,8 @@ def test_openai_client_full_session(api: Api, oa: openai.OpenAI) -> None:
 
     # A worker ran a few steps and saved a checkpoint (rows as the worker writes them).
     api.force_status(job.id, "running", step=2, total_steps=4)
-    api.add_event(job.id, "step 2: loss=1.5", type_="metrics")
+    api.add_event(job.id, "step 2: loss=1.5", type_="metrics", data={"type": "step", "step": 2, "loss": 1.5})
+    api.add_event(job.id, "eval at step 2: eval_loss=1.75", "metrics", data={"step": 2, "eval_loss": 1.75})
     ckpt = api.add_checkpoint(job.id, 2)
     assert oa.fine_tuning.jobs.retrieve(job.id).status == "running"
 
@@ -70,6 +71,10 @@ def test_openai_client_full_session(api: Api, oa: openai.OpenAI) -> None:
     ids = [int(e.id.removeprefix("ftevent-")) for e in events.data]
     assert ids == sorted(ids, reverse=True)  # newest first, as OpenAI lists them
     assert {"message", "metrics"} >= {e.type for e in events.data}
+    # Metrics under OpenAI's names: a step's loss as train_loss, an evaluation's as valid_loss.
+    evaluated, stepped = (e.data for e in events.data if e.type == "metrics")
+    assert (evaluated["valid_loss"], stepped["train_loss"]) == (1.75, 1.5)
+    assert "train_loss" not in evaluated and "valid_loss" not in stepped
 
     checkpoints = oa.fine_tuning.jobs.checkpoints.list(job.id)
     assert [c.id for c in checkpoints.data] == [ckpt["id"]]

@@ -194,9 +194,16 @@ class Api:
             for key, value in values.items():
                 setattr(job, key, value)
 
-    def add_event(self, job_id: str, message: str, type_: str = "message", level: str = "info") -> int:
+    def add_event(
+        self,
+        job_id: str,
+        message: str,
+        type_: str = "message",
+        level: str = "info",
+        data: dict[str, Any] | None = None,
+    ) -> int:
         with self.session() as session, session.begin():
-            event = JobEvent(job_id=job_id, message=message, type=type_, level=level)
+            event = JobEvent(job_id=job_id, message=message, type=type_, level=level, data=data)
             session.add(event)
             session.flush()
             return event.id
