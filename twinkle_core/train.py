@@ -132,19 +132,25 @@ class JobRunner:
         if section.device_mesh is not None:
             dp = None if section.device_mesh.dp_size == -1 else section.device_mesh.dp_size
             mesh = DeviceMesh.from_sizes(dp_size=dp, fsdp_size=section.device_mesh.fsdp_size)
-        self.model = TransformersModel(
-            model_cls=section.model_cls,
-            model_id=section.model_id,
-            config=section.config,
-            device_mesh=mesh,
-            mixed_precision=section.mixed_precision,
-            strategy=section.strategy,
-            ddp_config=section.ddp_config,
-            fsdp_config=section.fsdp_config,
-            grad_scaler_config=section.grad_scaler_config,
-            memory_efficient_init=section.memory_efficient_init,
-            **section.kwargs,
-        )
+        try:
+            self.model = TransformersModel(
+                model_cls=section.model_cls,
+                model_id=section.model_id,
+                config=section.config,
+                device_mesh=mesh,
+                mixed_precision=section.mixed_precision,
+                strategy=section.strategy,
+                ddp_config=section.ddp_config,
+                fsdp_config=section.fsdp_config,
+                grad_scaler_config=section.grad_scaler_config,
+                memory_efficient_init=section.memory_efficient_init,
+                **section.kwargs,
+            )
+        except OSError as exc:
+            user_error = incomplete_model_directory(section.model_id, exc)
+            if user_error is None:
+                raise
+            raise user_error from exc
         model = self.model
         if section.tokenizer_id is not None:
             model.set_tokenizer(resolve_model_id(section.tokenizer_id))
@@ -520,6 +526,20 @@ class JobRunner:
         path = self.save_checkpoint(hf_weights=True)
         self.progress.emit("done", step=self.model.cur_step, final_checkpoint=path)
         return EXIT_OK
+
+
+# How transformers says that a local model directory lacks a file it needs (the weights, config.json).
+_MISSING_IN_DIRECTORY = ("no file named", "does not appear to have a file named")
+
+
+def incomplete_model_directory(model_id: str | None, exc: OSError) -> UserError | None:
+    """The user's error for a local model directory that lacks a file transformers needs, which
+    every attempt would meet; None for any other OSError (a hub download's stays infra)."""
+    if model_id is None or isinstance(exc, ConnectionError | TimeoutError) or not Path(model_id).is_dir():
+        return None
+    if not any(words in str(exc) for words in _MISSING_IN_DIRECTORY):
+        return None
+    return UserError(f"model.model_id: {model_id} is not a complete model directory: {exc}")
 
 
 def _existing_file(location: str, field_name: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -334,6 +335,8 @@ def test_eval_loss_is_the_same_on_one_and_two_ranks(tmp_path: Path, tiny_model_d
         ({"model": {"mixed_precision": "fp8"}}, "fp8"),
         ({"data": {"train_file": "/nonexistent/train.jsonl"}}, "data.train_file"),
         ({"data": {"train_file": "MALFORMED"}}, "line 2"),
+        # A model directory without its weights: the same on every attempt, so not retried.
+        ({"model": {"model_id": "NO_WEIGHTS"}}, "model.model_id"),
         ({"model": {"strategy": "accelerate", "device_mesh": {"fsdp_size": 1, "dp_size": 1}}}, None),
     ],
 )
@@ -349,6 +352,10 @@ def test_user_errors_exit_2_with_an_error_event(
         bad = tmp_path / "bad.jsonl"
         bad.write_text('{"text": "fine"}\n{"text": \n')
         change = {"data": {"train_file": str(bad)}}
+    if change.get("model", {}).get("model_id") == "NO_WEIGHTS":
+        weightless = tmp_path / "weightless"
+        shutil.copytree(tiny_model_dir, weightless, ignore=shutil.ignore_patterns("*.safetensors*"))
+        change = {"model": {"model_id": str(weightless)}}
     sections: dict[str, dict[str, Any]] = {"resources": {"nproc_per_node": 1}, "training": {"max_steps": 1}}
     for name, values in change.items():
         sections[name] = {**sections.get(name, {}), **values}
@@ -392,3 +399,14 @@ def test_error_classification() -> None:
         KeyboardInterrupt(),
     ):
         assert classify_error(exc, first_step_done=False) == "infra", exc
+
+
+def test_only_a_local_directory_missing_a_model_file_is_the_users(tmp_path: Path) -> None:
+    from twinkle_core.train import incomplete_model_directory
+
+    missing = OSError(f"Error no file named model.safetensors found in directory {tmp_path}.")
+    assert "model.model_id" in str(incomplete_model_directory(str(tmp_path), missing))
+    # A hub id, a download that failed, or another OS error: for a retry to decide.
+    assert incomplete_model_directory("ms://org/model", missing) is None
+    assert incomplete_model_directory(str(tmp_path), ConnectionError("no file named x: reset")) is None
+    assert incomplete_model_directory(str(tmp_path), OSError(28, "No space left on device")) is None
