@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -140,19 +140,30 @@ class ChatRequest(_GenerationRequest):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
+TokenId = Annotated[int, Field(ge=0)]
+# A prompt as OpenAI takes it: a text, texts, a prompt's token ids, or several prompts' ids.
+Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
+
+
 class CompletionRequest(_GenerationRequest):
-    prompt: str | list[str]
+    prompt: Prompt
 
     @field_validator("prompt")
     @classmethod
-    def _some_prompt(cls, value: str | list[str]) -> str | list[str]:
-        if isinstance(value, list) and not value:
-            raise ValueError("at least one prompt")
+    def _some_prompt(cls, value: Prompt) -> Prompt:
+        if isinstance(value, list) and (not value or any(isinstance(p, list) and not p for p in value)):
+            raise ValueError("at least one prompt, and none empty")
         return value
 
     @property
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: its text or its token ids."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        items: list[str | int | list[int]] = list(self.prompt)
+        if all(isinstance(item, int) for item in items):  # one prompt's ids
+            return [[item for item in items if isinstance(item, int)]]
+        return [item for item in items if not isinstance(item, int)]
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
@@ -172,10 +183,17 @@ def chat_prompt_ids(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def completion_prompt_ids(tokenizer: Any, prompt: str, index: int, many: bool) -> list[int]:
-    ids = list(tokenizer(prompt)["input_ids"])
+def completion_prompt_ids(tokenizer: Any, prompt: str | list[int], index: int, many: bool) -> list[int]:
+    """A prompt's token ids: its text tokenized, or the ids it gave, each one the tokenizer's."""
+    param = f"prompt.{index}" if many else "prompt"
+    ids = list(tokenizer(prompt)["input_ids"]) if isinstance(prompt, str) else prompt
     if not ids:
-        raise InvalidRequest("the prompt is empty", param=f"prompt.{index}" if many else "prompt")
+        raise InvalidRequest("the prompt is empty", param=param)
+    vocabulary = len(tokenizer)
+    if max(ids) >= vocabulary:
+        raise InvalidRequest(
+            f"token id {max(ids)} is not in the model's vocabulary (0 to {vocabulary - 1})", param=param
+        )
     return ids
 
 

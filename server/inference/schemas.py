@@ -8,9 +8,16 @@ a client may not send: the server fills it in for the host (which checkpoint, wh
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 from server.errors import InvalidRequest
 
@@ -75,17 +82,31 @@ class ChatCompletionCreate(_Sampling):
     )
 
 
+TokenId = Annotated[int, Field(ge=0)]
+PROMPT_FORMS = (
+    "a prompt is a string, a list of strings, a list of token ids, or a list of such lists, none empty"
+)
+
+
 class CompletionCreate(_Sampling):
     """`POST /v1/completions`, as OpenAI's client sends it."""
 
-    prompt: str | list[str] = Field(description="The text to continue")
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]] = Field(
+        description="The text to continue; several texts; or token ids (one prompt's, or several)"
+    )
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="wrap")
     @classmethod
-    def _not_empty(cls, value: str | list[str]) -> str | list[str]:
-        if isinstance(value, list) and not value:
-            raise ValueError("prompt may not be an empty list")
-        return value
+    def _one_of_openais_forms(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # Pydantic's own error lists each form of the union in turn (`prompt.str: ...; also
+        # prompt.list[str]...`): one sentence that says what a prompt may be names the field.
+        try:
+            prompt = handler(value)
+        except ValidationError:
+            prompt = None
+        if prompt is None or prompt == [] or any(item == [] for item in prompt):
+            raise ValueError(PROMPT_FORMS)
+        return prompt
 
 
 class Usage(BaseModel):

@@ -136,6 +136,29 @@ def test_each_answer_is_logged_once_as_it_ends(host: Host, caplog: pytest.LogCap
     assert "(streamed)" in line and "finish_reason none" in line
 
 
+def test_prompts_given_as_token_ids_answer_as_their_text(host: Host) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(host.full))
+    cat, robot = (list(tokenizer(text)["input_ids"]) for text in ("the cat", "a robot"))
+    common: dict[str, Any] = {
+        "model": "ft:full",
+        "max_tokens": 6,
+        "temperature": 0,
+        "extra_body": host.key("full"),
+    }
+    by_text = host.client.completions.create(prompt=["the cat", "a robot"], **common)
+    one = host.client.completions.create(prompt=cat, **common)
+    several = host.client.completions.create(prompt=[cat, robot], **common)
+    assert [c.text for c in several.choices] == [c.text for c in by_text.choices]
+    assert one.choices[0].text == by_text.choices[0].text
+    assert one.usage is not None and one.usage.prompt_tokens == len(cat)
+    with pytest.raises(openai.BadRequestError) as caught:
+        host.client.completions.create(prompt=[cat, [len(tokenizer)]], **common)
+    assert caught.value.body["param"] == "prompt.1"  # type: ignore[index]
+    assert "vocabulary" in caught.value.body["message"]  # type: ignore[index]
+
+
 def _plain_greedy(checkpoint: Path, prompt: str, max_new_tokens: int, base: Path | None = None) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

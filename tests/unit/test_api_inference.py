@@ -162,9 +162,15 @@ def test_bad_bodies_are_400_naming_the_field_as_openai_answers_them(api: Api) ->
     assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
     response = api.client.post("/v1/completions", json={"model": model}, headers=api.admin)
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
-    _assert_resolved(
-        api.client.post("/v1/completions", json={"model": model, "prompt": "x"}, headers=api.admin)
-    )
+    for prompt in ([[]], [-1], [[1], []]):
+        response = api.client.post(
+            "/v1/completions", json={"model": model, "prompt": prompt}, headers=api.admin
+        )
+        assert response.status_code == 400 and response.json()["error"]["param"] == "prompt", prompt
+    for prompt in ("x", ["x", "y"], [1, 2, 3], [[1, 2], [3]]):  # OpenAI's four forms reach the host
+        _assert_resolved(
+            api.client.post("/v1/completions", json={"model": model, "prompt": prompt}, headers=api.admin)
+        )
 
 
 def test_models_list_is_project_scoped(api: Api) -> None:
