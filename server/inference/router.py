@@ -17,11 +17,12 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 from starlette.responses import Response
 
+from jobcore import model_names as names
 from jobcore.settings import Settings
 from server.auth.principal import Principal
 from server.common import after_response, reads
-from server.deps import ReadPrincipal, SessionDep, SettingsDep, run_read
-from server.errors import ErrorResponse, Unavailable, error_responses
+from server.deps import ReadPrincipal, SessionDep, SettingsDep, WritePrincipal, run_read
+from server.errors import ErrorResponse, InvalidRequest, Unavailable, error_responses
 from server.inference import hosts, plans, service
 from server.inference.relay import NO_HOST_RETRY_AFTER_SECONDS, HostRelay
 from server.inference.route import GenerationRoute
@@ -33,6 +34,8 @@ from server.inference.schemas import (
     ModelList,
     ModelObject,
 )
+from server.jobs import service as jobs
+from server.jobs.schemas import Deleted
 
 router = APIRouter(prefix="/v1", tags=["inference"])
 Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
@@ -133,6 +136,32 @@ async def retrieve_model(
     """One model: a fine-tuned model or checkpoint the project can call, or a base model its jobs
     train on; anything else is a 404 naming `model`."""
     return await run_read(session, lambda: service.get_model(session, principal, model))
+
+
+@router.delete(
+    "/models/{model:path}",
+    operation_id="deleteModel",
+    response_model=Deleted,
+    responses=error_responses(401, 403, 404, 409, 429, refusal=400),
+)
+def delete_model(
+    model: Annotated[str, Path(max_length=512, description="A fine-tuned model's name (ft:...)")],
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: WritePrincipal,
+) -> Deleted:
+    """Delete a fine-tuned model (`client.models.delete`). Its job is where it lives, so the job
+    goes with it, as `DELETE /v1/jobs/{id}` deletes one (checkpoints and files included; 409
+    while other jobs still train from it). A checkpoint's name or a base model is a 400."""
+    service.get_model(session, principal, model)  # the same 404 as a call, for what is not the project's
+    named = names.parse(model)
+    if not isinstance(named, names.FineTunedName):
+        raise InvalidRequest(
+            f"'{model}' is not a fine-tuned model: only a job's model (ft:...) is deleted, with its job",
+            param="model",
+        )
+    jobs.delete_job(session, settings, principal, named.job_id)
+    return Deleted(id=model, object="model")
 
 
 @_generation(

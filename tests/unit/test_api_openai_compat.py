@@ -295,3 +295,26 @@ def test_hyperparameters_given_twice_must_agree_and_other_methods_are_refused_by
             oa.fine_tuning.jobs.create(model="org/tiny-llama", training_file=file_id, method={"type": kind})  # type: ignore[arg-type]
         assert exc.value.body["param"] == "method.type"  # type: ignore[index]
         assert f"'{kind}' is not supported" in exc.value.body["message"]  # type: ignore[index]
+
+
+def test_deleting_a_fine_tuned_model_deletes_its_job(api: Api, oa: openai.OpenAI) -> None:
+    file_id = _upload(oa)
+    job = oa.fine_tuning.jobs.create(model="org/tiny-llama", training_file=file_id, suffix="gone")
+    api.force_status(job.id, "succeeded")
+    api.add_checkpoint(job.id, 2)
+    model = oa.fine_tuning.jobs.retrieve(job.id).fine_tuned_model
+    assert model is not None
+    for other in (f"{job.id}:ckpt-2", "org/tiny-llama"):  # a checkpoint, a base model: not deleted
+        with pytest.raises(openai.BadRequestError) as exc:
+            oa.models.delete(other)
+        assert exc.value.body["param"] == "model"  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError):
+        oa.models.delete("ft:tiny-llama:job-doesnotexist")
+
+    deleted = oa.models.delete(model)
+    assert (deleted.id, deleted.deleted) == (model, True)
+    with pytest.raises(openai.NotFoundError):
+        oa.models.retrieve(model)
+    with pytest.raises(openai.NotFoundError):
+        oa.fine_tuning.jobs.retrieve(job.id)  # the model lived in its job
+    assert model not in {m.id for m in oa.models.list()}
