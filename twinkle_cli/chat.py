@@ -77,7 +77,7 @@ def resolve_model(client: TwinkleClient, job_id: str, step: int | None) -> str:
 
 @dataclass(frozen=True)
 class Sampling:
-    max_tokens: int
+    max_tokens: int | None  # None: as many as the model's context leaves (the server's default)
     temperature: float
 
 
@@ -90,7 +90,12 @@ def is_interactive() -> bool:
 @click.option("--checkpoint", "step", type=click.IntRange(min=0), default=None, help="Chat with this step")
 @click.option("-p", "--prompt", default=None, help="Ask once, print the answer and exit (for CI)")
 @click.option("--system", default=None, help="A system message before the conversation")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="At most this many tokens per answer  [default: what the model's context leaves]",
+)
 @click.option("--temperature", type=click.FloatRange(min=0.0, max=2.0), default=0.7, show_default=True)
 @click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option(
@@ -102,7 +107,7 @@ def chat(
     step: int | None,
     prompt: str | None,
     system: str | None,
-    max_tokens: int,
+    max_tokens: int | None,
     temperature: float,
     output: str,
     url: str,

@@ -172,9 +172,18 @@ _register_resource_commands()
 
 def main() -> None:
     try:
-        cli()
-    except KeyboardInterrupt:
+        # Click's own handling, except for Ctrl-C: it prints "Aborted!" and exits 1, the code that
+        # `jobs wait` and `chat` give a failed job; an interrupted command exits 130, as the shell
+        # reports SIGINT.
+        cli.main(standalone_mode=False)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        click.echo("\ninterrupted", err=True)
         sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":

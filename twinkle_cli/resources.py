@@ -8,7 +8,9 @@ when it was cancelled, 3 when `--timeout` passed first (the job goes on).
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 import sys
 import time
 from collections.abc import Iterable
@@ -21,10 +23,11 @@ import yaml
 from pydantic import ValidationError
 
 from twinkle_cli.job_view import describe_job, job_table, progress_text, sample_lines
-from twinkle_client import APIError, TwinkleClient
+from twinkle_client import APIError, InvalidId, TwinkleClient
 from twinkle_core.spec import merge_spec
 
 EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT = 1, 2, 3
+EXIT_INTERRUPTED = 130  # Ctrl-C: the shell's code for SIGINT (128 + 2)
 
 OUTPUT = click.option(
     "--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True
@@ -67,22 +70,37 @@ def _emit(obj: Any, output: str, text_lines: Iterable[str]) -> None:
             click.echo(line)
 
 
+# A job file's top-level keys besides `spec`: the job body's fields, as `client.jobs.create` takes them.
+JOB_BODY_KEYS = ("name", "priority", "max_retries", "timeout_seconds", "metadata", "webhook_url")
+
+
 def load_job_file(path: Path, overrides: Iterable[str] = ()) -> dict[str, Any]:
     """A YAML or JSON file holding either a job body (with `spec`) or a bare JobSpec, as a job
     body, with `--set` overrides merged into its spec (an override wins over the file)."""
     try:
-        raw = (
-            yaml.safe_load(path.read_text())
-            if path.suffix in (".yaml", ".yml")
-            else json.loads(path.read_text())
-        )
+        text = path.read_text(encoding="utf-8")
+        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(
+            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})", param_hint="-f"
+        ) from exc
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise click.BadParameter(f"{path}: not valid YAML/JSON: {exc}", param_hint="-f") from exc
+        kind = "JSON" if path.suffix == ".json" else "YAML (or JSON)"
+        raise click.BadParameter(f"{path}: not valid {kind}: {exc}", param_hint="-f") from exc
     if not isinstance(raw, dict):
         raise click.BadParameter(f"{path}: expected a mapping at the top level", param_hint="-f")
     body = raw if "spec" in raw else {"spec": raw}
     if not isinstance(body["spec"], dict):
         raise click.BadParameter(f"{path}: `spec` must be a mapping", param_hint="-f")
+    unknown = sorted(set(body) - {"spec", *JOB_BODY_KEYS})
+    if unknown:
+        meant = difflib.get_close_matches(unknown[0], JOB_BODY_KEYS, n=1)
+        hint = (
+            f" (did you mean '{meant[0]}'?)"
+            if meant
+            else f"; a job file holds spec, {', '.join(JOB_BODY_KEYS)}"
+        )
+        raise click.BadParameter(f"{path}: unknown top-level key '{unknown[0]}'{hint}", param_hint="-f")
     body["spec"] = merge_spec(body["spec"], parse_overrides(overrides))
     return body
 
@@ -121,12 +139,24 @@ def handle_api_errors(f: Any) -> Any:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return f(*args, **kwargs)
-        except APIError as exc:
+        except (APIError, InvalidId) as exc:
             raise click.ClickException(str(exc)) from exc
+        except BrokenPipeError:
+            # The reader went away (`| head`): nothing more to say. stdout goes to /dev/null so
+            # that the interpreter's last flush at exit does not fail on the closed pipe again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
         except (httpx.TransportError, ConnectionError) as exc:
-            raise click.ClickException(f"cannot reach the server: {exc}") from exc
+            raise click.ClickException(f"cannot reach the server at {_url_of(args)}: {exc}") from exc
 
     return wrapper
+
+
+def _url_of(args: tuple[Any, ...]) -> str:
+    """The server URL of the command's context (the first argument of every command here)."""
+    ctx = args[0] if args and isinstance(args[0], click.Context) else click.get_current_context(silent=True)
+    conn = ctx.find_object(Connection) if ctx is not None else None
+    return conn.url if conn is not None else "?"
 
 
 @_group
@@ -211,11 +241,7 @@ def jobs_submit(
         return
     if output == "text":
         click.echo(f"submitted {job['id']}")
-    if follow:
-        _follow(client, job["id"], timeout, output)
-    else:
-        _wait(client, job, timeout, output)
-    _finish(client.jobs.get(job["id"]), output, timeout)
+    _watch_to_the_end(client, job, follow, timeout, output)
 
 
 @jobs.command("wait")
@@ -228,12 +254,27 @@ def jobs_submit(
 def jobs_wait(ctx: click.Context, job_id: str, follow: bool, timeout: float | None, output: str) -> None:
     """Wait for a submitted (or resumed) job's end; exits as `submit --wait` does."""
     client = _client(ctx)
-    job = client.jobs.get(job_id)
-    if follow:
-        _follow(client, job_id, timeout, output)
-    else:
-        _wait(client, job, timeout, output)
-    _finish(client.jobs.get(job_id), output, timeout)
+    _watch_to_the_end(client, client.jobs.get(job_id), follow, timeout, output)
+
+
+def _watch_to_the_end(
+    client: TwinkleClient, job: dict[str, Any], follow: bool, timeout: float | None, output: str
+) -> None:
+    """Wait (or follow) until the job ends or `timeout` passes, then exit as the job ended. A
+    Ctrl-C stops the watching only: exit 130, saying that the job goes on."""
+    try:
+        if follow:
+            _follow(client, job["id"], timeout, output)
+            job = client.jobs.get(job["id"])
+        else:
+            job = _wait(client, job, timeout, output)
+    except KeyboardInterrupt:
+        click.echo(
+            f"\nstopped watching; job {job['id']} goes on (stop it: twinkle-jobs jobs cancel {job['id']})",
+            err=True,
+        )
+        sys.exit(EXIT_INTERRUPTED)
+    _finish(job, output, timeout)
 
 
 DATASET_FIELDS = ("train_file", "validation_file")
@@ -283,7 +324,8 @@ def _follow(client: TwinkleClient, job_id: str, timeout: float | None, output: s
         pass  # _finish reports the job as it is now
 
 
-def _wait(client: TwinkleClient, job: dict[str, Any], timeout: float | None, output: str) -> None:
+def _wait(client: TwinkleClient, job: dict[str, Any], timeout: float | None, output: str) -> dict[str, Any]:
+    """Poll the job until it ends or `timeout` passes; returns it as last read."""
     deadline = None if timeout is None else time.monotonic() + timeout
     last = ""
     tty = sys.stderr.isatty()
@@ -295,9 +337,33 @@ def _wait(client: TwinkleClient, job: dict[str, Any], timeout: float | None, out
             click.echo("\r" + line if tty else line, nl=not tty, err=True)
         last = line
         time.sleep(1.0)
-        job = client.jobs.get(job["id"])
+        job = _read_through_restarts(client, job, deadline)
     if output == "text" and tty:
         click.echo("", err=True)
+    return job
+
+
+# While a wait cannot reach the server (a restart, a deploy), the pause between two tries.
+UNREACHABLE_RETRY_SECONDS = 5.0
+
+
+def _read_through_restarts(
+    client: TwinkleClient, job: dict[str, Any], deadline: float | None
+) -> dict[str, Any]:
+    """The job read again. A server that cannot be reached is tried again until it answers or
+    the deadline passes (then the job as last read), so that a wait outlives a server restart as
+    `--follow` does, instead of ending a pipeline's step as if the job had failed."""
+    told = False
+    while True:
+        try:
+            return client.jobs.get(job["id"])
+        except (httpx.TransportError, ConnectionError) as exc:
+            if deadline is not None and time.monotonic() > deadline:
+                return job
+            if not told:
+                click.echo(f"cannot reach the server ({exc}); trying again until it answers", err=True)
+                told = True
+            time.sleep(UNREACHABLE_RETRY_SECONDS)
 
 
 def _finish(job: dict[str, Any], output: str, timeout: float | None = None) -> None:

@@ -12,10 +12,12 @@
 
 Retries 429 and 5xx responses and connection errors with exponential back-off (honouring
 `Retry-After`), sends an idempotency key with every create (job, clone, file upload) so that a
-retried create cannot make two, and raises `APIError` carrying the server's error envelope.
+retried create cannot make two, and raises `APIError` carrying the server's error envelope
+(`InvalidId`, before any request, for an empty id).
 """
 
 from twinkle_client.client import APIError, TwinkleClient
 from twinkle_client.inference import StreamError, TextStream, checkpoint_model
+from twinkle_client.paths import InvalidId
 
-__all__ = ["APIError", "StreamError", "TextStream", "TwinkleClient", "checkpoint_model"]
+__all__ = ["APIError", "InvalidId", "StreamError", "TextStream", "TwinkleClient", "checkpoint_model"]

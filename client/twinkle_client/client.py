@@ -22,6 +22,7 @@ import httpx
 
 from twinkle_client.inference import Inference
 from twinkle_client.log_follow import follow_job_log
+from twinkle_client.paths import segment
 from twinkle_client.sse import Message, read_messages
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -235,7 +236,7 @@ class Jobs(_Resource):
         return result
 
     def get(self, job_id: str) -> Json:
-        result: Json = self._c.json("GET", f"/v1/jobs/{job_id}")
+        result: Json = self._c.json("GET", f"/v1/jobs/{segment(job_id)}")
         return result
 
     def list(
@@ -259,16 +260,16 @@ class Jobs(_Resource):
         return self._c.paginate("/v1/jobs", params, page_size=limit)
 
     def cancel(self, job_id: str) -> Json:
-        result: Json = self._c.json("POST", f"/v1/jobs/{job_id}/cancel")
+        result: Json = self._c.json("POST", f"/v1/jobs/{segment(job_id)}/cancel")
         return result
 
     def pause(self, job_id: str) -> Json:
-        result: Json = self._c.json("POST", f"/v1/jobs/{job_id}/pause")
+        result: Json = self._c.json("POST", f"/v1/jobs/{segment(job_id)}/pause")
         return result
 
     def resume(self, job_id: str, checkpoint: str | None = None) -> Json:
         body = {"checkpoint": checkpoint} if checkpoint else {}
-        result: Json = self._c.json("POST", f"/v1/jobs/{job_id}/resume", json=body)
+        result: Json = self._c.json("POST", f"/v1/jobs/{segment(job_id)}/resume", json=body)
         return result
 
     def clone(
@@ -284,13 +285,13 @@ class Jobs(_Resource):
         if name:
             body["name"] = name
         headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
-        result: Json = self._c.json("POST", f"/v1/jobs/{job_id}/clone", json=body, headers=headers)
+        result: Json = self._c.json("POST", f"/v1/jobs/{segment(job_id)}/clone", json=body, headers=headers)
         return result
 
     def delete(self, job_id: str) -> Json:
         """Delete an ended job with its events, metrics, checkpoints and files:
         `{"id", "object": "job", "deleted": true}`."""
-        result: Json = self._c.json("DELETE", f"/v1/jobs/{job_id}")
+        result: Json = self._c.json("DELETE", f"/v1/jobs/{segment(job_id)}")
         return result
 
     def events(
@@ -304,7 +305,7 @@ class Jobs(_Resource):
     ) -> Iterator[Json]:
         """The job's events (`order="desc"`: newest first), optionally only some types/levels."""
         params: Json = {"after": after, "order": order, "type": _as_list(type), "level": _as_list(level)}
-        return self._c.paginate(f"/v1/jobs/{job_id}/events", params)
+        return self._c.paginate(f"/v1/jobs/{segment(job_id)}/events", params)
 
     def metrics(
         self, job_id: str, names: builtins.list[str] | None = None, max_points: int | None = None
@@ -313,7 +314,7 @@ class Jobs(_Resource):
         if names:
             params["name"] = names
         clean = {k: v for k, v in params.items() if v is not None}
-        result: Json = self._c.json("GET", f"/v1/jobs/{job_id}/metrics", params=clean)
+        result: Json = self._c.json("GET", f"/v1/jobs/{segment(job_id)}/metrics", params=clean)
         return result
 
     def logs(
@@ -331,7 +332,7 @@ class Jobs(_Resource):
         previous answer's `end`), what that file gained since."""
         params: Json = {"lines": lines, "attempt": attempt, "file": file, "offset": offset, "rank": rank}
         clean = {k: v for k, v in params.items() if v is not None}
-        result: Json = self._c.json("GET", f"/v1/jobs/{job_id}/logs", params=clean)
+        result: Json = self._c.json("GET", f"/v1/jobs/{segment(job_id)}/logs", params=clean)
         return result
 
     def follow_logs(
@@ -352,11 +353,11 @@ class Jobs(_Resource):
 
     def artifacts(self, job_id: str) -> builtins.list[Json]:
         """What the job's trackers (`training.report_to`) wrote: `[{"name", "path", "files", ...}]`."""
-        return list(self._c.json("GET", f"/v1/jobs/{job_id}/artifacts")["data"])
+        return list(self._c.json("GET", f"/v1/jobs/{segment(job_id)}/artifacts")["data"])
 
     def download_artifact(self, job_id: str, name: str, dest: str | Path) -> Path:
         """Save tracker `name`'s output (tensorboard, mlflow, wandb) as a tar.gz at `dest`."""
-        return self._c.download(f"/v1/jobs/{job_id}/artifacts/{name}", dest)
+        return self._c.download(f"/v1/jobs/{segment(job_id)}/artifacts/{name}", dest)
 
     def follow(
         self,
@@ -410,7 +411,7 @@ class Jobs(_Resource):
             idle = max(0.1, min(idle, deadline - time.monotonic() + 0.1))
         response = self._c.request(
             "GET",
-            f"/v1/jobs/{job_id}/events/stream",
+            f"/v1/jobs/{segment(job_id)}/events/stream",
             headers=headers,
             timeout=httpx.Timeout(self._c.timeout, read=idle),
             stream=True,
@@ -492,28 +493,29 @@ class Files(_Resource):
         return result
 
     def get(self, file_id: str) -> Json:
-        result: Json = self._c.json("GET", f"/v1/files/{file_id}")
+        result: Json = self._c.json("GET", f"/v1/files/{segment(file_id)}")
         return result
 
     def list(self) -> Iterator[Json]:
         return self._c.paginate("/v1/files")
 
     def content(self, file_id: str) -> bytes:
-        return self._c.request("GET", f"/v1/files/{file_id}/content").content
+        return self._c.request("GET", f"/v1/files/{segment(file_id)}/content").content
 
     def delete(self, file_id: str) -> Json:
         """Delete a file no queued or running job uses: `{"id", "object": "file", "deleted": true}`."""
-        result: Json = self._c.json("DELETE", f"/v1/files/{file_id}")
+        result: Json = self._c.json("DELETE", f"/v1/files/{segment(file_id)}")
         return result
 
 
 class Checkpoints(_Resource):
     def list(self, job_id: str) -> Iterator[Json]:
-        return self._c.paginate(f"/v1/jobs/{job_id}/checkpoints")
+        return self._c.paginate(f"/v1/jobs/{segment(job_id)}/checkpoints")
 
     def download(self, job_id: str, checkpoint_id: str, dest: str | Path) -> Path:
         """Stream the checkpoint archive to `dest` (a file path); returns it."""
-        return self._c.download(f"/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/download", dest)
+        path = f"/v1/jobs/{segment(job_id)}/checkpoints/{segment(checkpoint_id)}/download"
+        return self._c.download(path, dest)
 
 
 EXPORT_DONE = ("succeeded", "failed")
@@ -527,13 +529,13 @@ class Exports(_Resource):
         its base (default) or alone (`merge=False`), a full job's model. Asking again returns the
         same export (and queues a failed one again)."""
         body = {} if merge is None else {"merge": merge}
-        return self._c.json("POST", f"/v1/jobs/{job_id}/checkpoints/{step}/export", json=body)
+        return self._c.json("POST", f"/v1/jobs/{segment(job_id)}/checkpoints/{step}/export", json=body)
 
     def get(self, export_id: str) -> Json:
-        return self._c.json("GET", f"/v1/exports/{export_id}")
+        return self._c.json("GET", f"/v1/exports/{segment(export_id)}")
 
     def list(self, job_id: str) -> Iterator[Json]:
-        return self._c.paginate(f"/v1/jobs/{job_id}/exports")
+        return self._c.paginate(f"/v1/jobs/{segment(job_id)}/exports")
 
     def wait(self, export_id: str, timeout: float | None = None, poll: float = 1.0) -> Json:
         """Poll until the export succeeded or failed; `TimeoutError` at `timeout` (it goes on)."""
@@ -548,7 +550,7 @@ class Exports(_Resource):
 
     def download(self, export_id: str, dest: str | Path) -> Path:
         """Stream the export's tar archive to the file `dest`; returns it."""
-        return self._c.download(f"/v1/exports/{export_id}/content", dest)
+        return self._c.download(f"/v1/exports/{segment(export_id)}/content", dest)
 
     def download_folder(self, export_id: str, dest: str | Path) -> Path:
         """Download and unpack the export into the folder `dest` (which must not exist yet), ready
@@ -625,7 +627,7 @@ class Projects(_Resource):
         return self._c.paginate("/v1/projects", page_size=limit)
 
     def get(self, project: str) -> Json:
-        result: Json = self._c.json("GET", f"/v1/projects/{project}")
+        result: Json = self._c.json("GET", f"/v1/projects/{segment(project)}")
         return result
 
     def update(
@@ -646,12 +648,12 @@ class Projects(_Resource):
             "slurm_account": slurm_account,
         }
         body = {key: value for key, value in fields.items() if value is not UNSET}
-        result: Json = self._c.json("PATCH", f"/v1/projects/{project}", json=body)
+        result: Json = self._c.json("PATCH", f"/v1/projects/{segment(project)}", json=body)
         return result
 
     def rotate_webhook_secret(self, project: str) -> Json:
         """A new webhook secret, in the answer's `webhook_secret` (shown this once)."""
-        result: Json = self._c.json("POST", f"/v1/projects/{project}/rotate-webhook-secret")
+        result: Json = self._c.json("POST", f"/v1/projects/{segment(project)}/rotate-webhook-secret")
         return result
 
 
@@ -683,9 +685,9 @@ class Tokens(_Resource):
         return self._c.paginate("/v1/tokens", {"project": project}, page_size=limit)
 
     def get(self, token_id: str) -> Json:
-        result: Json = self._c.json("GET", f"/v1/tokens/{token_id}")
+        result: Json = self._c.json("GET", f"/v1/tokens/{segment(token_id)}")
         return result
 
     def revoke(self, token_id: str) -> Json:
-        result: Json = self._c.json("POST", f"/v1/tokens/{token_id}/revoke")
+        result: Json = self._c.json("POST", f"/v1/tokens/{segment(token_id)}/revoke")
         return result

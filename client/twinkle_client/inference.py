@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol, overload
 
 import httpx
 
+from twinkle_client.paths import segment
 from twinkle_client.sse import read_messages
 
 Json = dict[str, Any]
@@ -142,7 +143,7 @@ class Inference:
     def job_model(self, job_id: str) -> str | None:
         """The model name of a job's final weights (its `fine_tuned_model`); None until the job
         has succeeded. `checkpoint_model(job_id, step)` names any complete checkpoint."""
-        job: Json = self._c.json("GET", f"/v1/jobs/{job_id}")
+        job: Json = self._c.json("GET", f"/v1/jobs/{segment(job_id)}")
         model = job.get("fine_tuned_model")
         return str(model) if model else None
 

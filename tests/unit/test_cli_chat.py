@@ -45,6 +45,10 @@ def test_one_shot_prints_the_streamed_answer(run: Invoke, standin: Standin) -> N
     sent = standin.state.requests[-1]
     assert sent["model"] == FINE_TUNED  # the job's final model, found through the server
     assert (sent["stream"], sent["max_tokens"], sent["temperature"]) == (True, 2, 0.0)
+    # Without --max-tokens the server sizes the answer to the context left: a fixed default
+    # (256) was over the whole context of a small model, and every answer was refused.
+    assert run(JOB, "-p", "hello there").exit_code == 0
+    assert "max_tokens" not in standin.state.requests[-1]
 
 
 def test_checkpoint_and_system_message_and_json(run: Invoke, standin: Standin) -> None:

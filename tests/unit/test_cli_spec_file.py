@@ -149,3 +149,47 @@ def test_a_relative_dataset_path_that_is_not_here_is_left_to_the_server(
     result = runner.invoke(cli, ["jobs", "submit", "-f", "job.yaml"], catch_exceptions=False)
     assert result.exit_code == 1 and "422" in result.output and "spec.data.train_file" in result.output
     assert api.client.get("/v1/files", headers=api.admin).json()["data"] == []
+
+
+def test_a_misspelt_top_level_key_is_named_by_validate_and_submit(tmp_path: Path, spec_file: Path) -> None:
+    body = yaml.safe_load(spec_file.read_text())
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(yaml.safe_dump({**body, "priorty": 5}))
+    for command in ("validate", "submit"):
+        result = CliRunner(env={"TWINKLE_TOKEN": "t"}).invoke(cli, ["jobs", command, "-f", str(typo)])
+        assert result.exit_code == 2, result.output  # a usage error, before anything is sent
+        assert "unknown top-level key 'priorty' (did you mean 'priority'?)" in result.output
+        assert "Traceback" not in result.output
+
+
+def test_a_spec_file_of_any_suffix_may_be_yaml_and_bad_bytes_are_named(
+    tmp_path: Path, spec_file: Path
+) -> None:
+    as_text = tmp_path / "job.txt"
+    as_text.write_text(spec_file.read_text())
+    assert validate(as_text)[0] == 0
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(spec_file.read_bytes() + b"# caf\xe9\n")
+    code, output = validate(latin)
+    assert code == 2 and "not UTF-8 text" in output
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """`twinkle-jobs jobs events J --follow | head -1`: the closed pipe is not a network error."""
+    import subprocess
+    import sys
+
+    code = (
+        "import click\n"
+        "from twinkle_cli.resources import handle_api_errors\n"
+        "@handle_api_errors\n"
+        "def talk():\n"
+        "    for i in range(100000):\n"
+        "        click.echo(f'line {i}')\n"
+        "talk()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"line 0\n"
+    proc.stdout.close()  # as `head -1` does
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and err == b"", err.decode()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 
+import httpx
 import pytest
 from click.testing import CliRunner, Result
 from test_api_support import *  # noqa: F403
@@ -63,3 +64,51 @@ def test_wait_exits_2_for_a_cancelled_job_and_3_at_the_timeout(api: Api, runner:
 def test_wait_for_an_unknown_job_is_a_failed_step_naming_it(runner: CliRunner) -> None:
     result = wait(runner, "job-does-not-exist")
     assert result.exit_code == 1 and "404" in result.output and "job-does-not-exist" in result.output
+
+
+def test_wait_outlives_a_server_it_cannot_reach_for_a_while(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart or a deploy of the server must not end a pipeline's wait as a failed job."""
+    job_id = api.submit()["id"]
+    api.force_status(job_id, "running")
+    client = client_of(api, BOOTSTRAP)
+    reads = 0
+    real_get = client.jobs.get
+
+    def flaky_get(wanted: str) -> dict[str, object]:
+        nonlocal reads
+        reads += 1
+        if reads in (2, 3):  # down for two reads, after the first
+            raise httpx.ConnectError("[Errno 111] Connection refused")
+        if reads == 4:
+            api.force_status(job_id, "succeeded")
+        return real_get(wanted)
+
+    monkeypatch.setattr(client.jobs, "get", flaky_get)
+    monkeypatch.setattr(resources, "TwinkleClient", lambda _url, _token: client)
+    monkeypatch.setattr(resources, "UNREACHABLE_RETRY_SECONDS", 0.05)
+    result = CliRunner(env={"TWINKLE_TOKEN": BOOTSTRAP}).invoke(cli, ["jobs", "wait", job_id])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("cannot reach the server") == 1  # said once, not per try
+
+
+def test_ctrl_c_stops_the_wait_with_130_saying_the_job_goes_on(
+    api: Api, runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = api.submit()["id"]
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt  # as Ctrl-C arrives, in the wait's next read
+
+    monkeypatch.setattr(resources, "_read_through_restarts", interrupted)
+    result = wait(runner, job_id)
+    assert result.exit_code == 130
+    assert f"job {job_id} goes on (stop it: twinkle-jobs jobs cancel {job_id})" in result.output
+
+
+def test_an_empty_job_id_is_refused_before_any_request(runner: CliRunner) -> None:
+    """`JOB=$(... submit ...)` that failed leaves JOB empty; `/v1/jobs/` is the list, not a job."""
+    for command in (["jobs", "wait", ""], ["jobs", "get", " "], ["jobs", "delete", "..", "--yes"]):
+        result = runner.invoke(cli, command)
+        assert result.exit_code == 1 and "not an id" in result.output, (command, result.output)
