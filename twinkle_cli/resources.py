@@ -333,6 +333,8 @@ def _wait(client: TwinkleClient, job: dict[str, Any], timeout: float | None, out
         if deadline is not None and time.monotonic() > deadline:
             break
         line = _progress_line(job)
+        if job["status"] == "paused":  # ends only once resumed: say so, or the wait looks stuck
+            line += f"  (waiting for a resume: twinkle-jobs jobs resume {job['id']})"
         if output == "text" and line != last:
             click.echo("\r" + line if tty else line, nl=not tty, err=True)
         last = line
@@ -383,7 +385,9 @@ def _finish(job: dict[str, Any], output: str, timeout: float | None = None) -> N
 @click.option("--status", "statuses", multiple=True, help="Only this status (repeatable)")
 @click.option("--name", default=None)
 @click.option("--metadata", "metadata", multiple=True, help="key:value the job's metadata holds (repeatable)")
-@click.option("--limit", default=20, show_default=True)
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="At most this many jobs"
+)
 @click.option("--spec", "with_spec", is_flag=True, help="Include each job's spec (JSON output; null without)")
 @OUTPUT
 @click.pass_context

@@ -26,6 +26,8 @@ from twinkle_client.paths import segment
 from twinkle_client.sse import Message, read_messages
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# The server's largest page (its lists' `limit`); iterating goes on through the pages.
+MAX_PAGE_SIZE = 100
 MAX_SLEEP = 60.0
 # With no deadline, a stream silent for this long (the server sends a keep-alive every 15 s) is
 # taken for a dead connection and reopened.
@@ -137,7 +139,9 @@ class TwinkleClient:
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.request(method, path, **kwargs).json()
 
-    def paginate(self, path: str, params: Json | None = None, page_size: int = 100) -> Iterator[Json]:
+    def paginate(
+        self, path: str, params: Json | None = None, page_size: int = MAX_PAGE_SIZE
+    ) -> Iterator[Json]:
         """Every item of a cursor list, fetching pages as the caller iterates."""
         query = {**(params or {}), "limit": page_size}
         while True:
@@ -257,7 +261,7 @@ class Jobs(_Resource):
         params: Json = {"status": statuses or None, "name": name, "metadata": pairs or None}
         if with_spec:
             params["expand"] = ["spec"]
-        return self._c.paginate("/v1/jobs", params, page_size=limit)
+        return self._c.paginate("/v1/jobs", params, page_size=min(limit, MAX_PAGE_SIZE))
 
     def cancel(self, job_id: str) -> Json:
         result: Json = self._c.json("POST", f"/v1/jobs/{segment(job_id)}/cancel")

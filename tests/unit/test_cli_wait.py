@@ -60,6 +60,12 @@ def test_wait_exits_2_for_a_cancelled_job_and_3_at_the_timeout(api: Api, runner:
     assert result.exit_code == 3
     assert f"job {queued} is still queued after the 0.5 s timeout" in result.output
 
+    paused = api.submit()["id"]
+    api.force_status(paused, "paused")
+    result = wait(runner, paused, "--timeout", "0.5")
+    assert result.exit_code == 3
+    assert f"waiting for a resume: twinkle-jobs jobs resume {paused}" in result.output
+
 
 def test_wait_for_an_unknown_job_is_a_failed_step_naming_it(runner: CliRunner) -> None:
     result = wait(runner, "job-does-not-exist")
@@ -112,3 +118,13 @@ def test_an_empty_job_id_is_refused_before_any_request(runner: CliRunner) -> Non
     for command in (["jobs", "wait", ""], ["jobs", "get", " "], ["jobs", "delete", "..", "--yes"]):
         result = runner.invoke(cli, command)
         assert result.exit_code == 1 and "not an id" in result.output, (command, result.output)
+
+
+def test_jobs_list_takes_a_limit_above_the_servers_page(api: Api, runner: CliRunner) -> None:
+    """--limit is how many jobs to show; the pages under it are at most the server's 100."""
+    ids = [api.submit()["id"] for _ in range(3)]
+    result = runner.invoke(cli, ["jobs", "list", "--limit", "500", "-o", "json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert [job["id"] for job in json.loads(result.output)] == ids[::-1]
+    two = runner.invoke(cli, ["jobs", "list", "--limit", "2", "-o", "json"], catch_exceptions=False)
+    assert len(json.loads(two.output)) == 2
