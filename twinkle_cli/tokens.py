@@ -19,11 +19,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jobcore.db.models import ApiToken, Project
-from jobcore.settings import get_settings
+from jobcore.settings import get_settings, redacted_url
 from server.auth.cache import TTL_SECONDS
 from server.auth.service import create_token, list_tokens, revoke_token
 from twinkle_cli.resources import handle_api_errors
@@ -57,6 +58,14 @@ class Via:
 def tokens(ctx: click.Context, url: str, token: str | None, database: bool) -> None:
     """Create, list and revoke API tokens (admin). Through the server when an API token is given
     (--token or TWINKLE_TOKEN), else directly in the database (the first token is made so)."""
+    if not token and not database and ctx.get_parameter_source("url") != ParameterSource.DEFAULT:
+        # A server was named but no token given: the database here may not be that server's (a
+        # token made in a fresh local one would be refused there), so the choice is the user's.
+        where = redacted_url(get_settings().resolved_database_url)
+        raise click.UsageError(
+            f"no API token for the server at {url}: give --token (or TWINKLE_TOKEN), or --database "
+            f"to use the database directly ({where})"
+        )
     ctx.obj = Via(None if database or not token else TwinkleClient(url, token))
 
 

@@ -128,3 +128,20 @@ def test_revoke_by_name_within_a_project(api: Api, admin_cli: CliRunner) -> None
 def test_create_refuses_an_unknown_scope(admin_cli: CliRunner) -> None:
     result = run(admin_cli, "create", "--project", "team", "--scope", "root")
     assert result.exit_code == 1 and "scopes must be" in result.output
+
+
+def test_a_named_server_without_a_token_is_not_swapped_for_the_local_database(
+    api: Api, admin_cli: CliRunner
+) -> None:
+    """TWINKLE_URL set and the token forgotten: a token made in this machine's database (maybe a
+    fresh one) would be refused by that server, so the command asks which was meant."""
+    refused = admin_cli.invoke(cli, ["tokens", "list"], env={"TWINKLE_URL": "http://gpu-box:8000"})
+    assert refused.exit_code == 2
+    assert (
+        "no API token for the server at http://gpu-box:8000" in refused.output
+        and "--database" in refused.output
+    )
+    chosen = admin_cli.invoke(
+        cli, ["tokens", "--database", "list"], env={"TWINKLE_URL": "http://gpu-box:8000"}
+    )
+    assert chosen.exit_code == 0, chosen.output
