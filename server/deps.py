@@ -174,7 +174,7 @@ class TokenAuth(SecurityBase):
             )
             after_response.defer(request, reload)
         if principal is None:
-            raise Unauthorized("invalid or revoked token")
+            raise Unauthorized("invalid, revoked or expired token")
         if principal.rate_limit_per_minute:
             limiter: RateLimiter = request.app.state.rate_limits
             verdict = await limiter.check(principal.token_id, principal.rate_limit_per_minute)

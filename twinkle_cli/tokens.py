@@ -74,12 +74,14 @@ def _http(ctx: click.Context) -> TwinkleClient | None:
     return None if via is None else via.client
 
 
+# What --expires-at reads: a day, or a day and a time to the minute or the second (UTC).
+EXPIRY_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def expiry(expires_in: str | None, expires_at: datetime | None) -> datetime | None:
-    """`--expires-in 30d` (s, m, h, d) or `--expires-at 2027-01-01T00:00` (UTC unless it says)."""
+    """`--expires-in 30d` (s, m, h, d) or `--expires-at 2027-01-01T00:00` (UTC)."""
     if expires_in is not None and expires_at is not None:
         raise click.UsageError("give --expires-in or --expires-at, not both")
     if expires_in is not None:
@@ -110,7 +112,12 @@ def _database_url() -> str:
 @click.option("--name", default="", help="A label for the token")
 @click.option("--rate-limit", type=click.IntRange(min=1), default=None, help="Requests per minute")
 @click.option("--expires-in", default=None, help="Lifetime: 90s, 30m, 12h, 30d (default: until revoked)")
-@click.option("--expires-at", type=click.DateTime(), default=None, help="End of life (UTC unless given)")
+@click.option(
+    "--expires-at",
+    type=click.DateTime(formats=EXPIRY_FORMATS),
+    default=None,
+    help="End of life, e.g. 2027-01-01 or 2027-01-01T12:00 (UTC)",
+)
 @OUTPUT
 @click.pass_context
 @handle_api_errors
@@ -200,6 +207,16 @@ def _project_names(session: Session) -> dict[str, str]:
     return {row.id: row.name for row in session.execute(select(Project.id, Project.name))}
 
 
+def _live(described: dict[str, Any]) -> bool:
+    """Neither revoked nor past its expiry: a token the server still accepts."""
+    ends = described["expires_at"]
+    if ends is not None:
+        moment = datetime.fromisoformat(ends)
+        if (moment if moment.tzinfo else moment.replace(tzinfo=UTC)) <= datetime.now(UTC):
+            return False
+    return not described["revoked"]
+
+
 def _cell(column: str, value: Any) -> str:
     if column == "scopes":
         return ",".join(value)
@@ -209,8 +226,8 @@ def _cell(column: str, value: Any) -> str:
 
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:
-    columns = ("id", "name", "project", "scopes", "created_at", "last_used_at", "revoked")
-    headers = ["id", "name", "project", "scopes", "created", "last used", "revoked"]
+    columns = ("id", "name", "project", "scopes", "created_at", "last_used_at", "expires_at", "revoked")
+    headers = ["id", "name", "project", "scopes", "created", "last used", "expires", "revoked"]
     cells = [[_cell(c, row[c]) for c in columns] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
@@ -220,17 +237,22 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
 
 @tokens.command("list")
 @click.option("--project", default=None, help="Only this project's tokens (default: every project)")
-@click.option("--include-revoked/--live-only", default=True, show_default=True)
+@click.option(
+    "--include-revoked/--live-only",
+    default=True,
+    show_default=True,
+    help="--live-only: only the tokens the server accepts (not revoked, not expired)",
+)
 @OUTPUT
 @click.pass_context
 @handle_api_errors
 def tokens_list(ctx: click.Context, project: str | None, include_revoked: bool, output: str) -> None:
-    """List tokens (id, name, project, scopes, created, last used, revoked); never the secret."""
+    """List tokens (id, name, project, scopes, created, last used, expires, revoked); never the secret."""
     client = _http(ctx)
     if client is not None:
         names = _api_project_names(client)
         found = sorted(client.tokens.list(project), key=lambda t: (t["created_at"], t["id"]))
-        described = [_describe_api(t, names) for t in found if include_revoked or not t["revoked"]]
+        described = [_describe_api(t, names) for t in found]
     else:
         from jobcore.db.session import session_scope
 
@@ -240,7 +262,9 @@ def tokens_list(ctx: click.Context, project: str | None, include_revoked: bool, 
             except ValueError as exc:
                 raise click.ClickException(str(exc)) from exc
             db_names = _project_names(session)
-            described = [_describe(t, db_names) for t in rows if include_revoked or not t.revoked]
+            described = [_describe(t, db_names) for t in rows]
+    if not include_revoked:
+        described = [d for d in described if _live(d)]
     if output == "json":
         click.echo(json.dumps(described))
     elif not described:

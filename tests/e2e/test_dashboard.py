@@ -196,7 +196,7 @@ def test_invalid_fields_are_named_inline(stack: Any, page: Any, tmp_path: Path, 
     dataset = write_text_dataset(tmp_path / "train.jsonl", n=8)
 
     sign_in(page, stack.url, token="tw-not-a-token")
-    page.get_by_text("invalid or revoked token").wait_for()
+    page.get_by_text("invalid, revoked or expired token").wait_for()
     page.fill("#token", stack.token)
     page.click("form.login-card button[type=submit]")
     page.wait_for_url(re.compile(r"#/jobs"))

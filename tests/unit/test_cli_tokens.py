@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from click.testing import CliRunner, Result
 from test_api_support import *  # noqa: F403
 from test_api_support import Api
 
+from jobcore.db.models import ApiToken
 from jobcore.settings import get_settings
 from server.auth.cache import TTL_SECONDS, cache_for
 from server.auth.service import hash_token
@@ -61,7 +63,7 @@ def test_list_shows_every_field_but_never_the_secret(api: Api, admin_cli: CliRun
 
     text = run(admin_cli, "list").output
     header = text.splitlines()[0].split()
-    assert header == ["id", "name", "project", "scopes", "created", "last", "used", "revoked"]
+    assert header == ["id", "name", "project", "scopes", "created", "last", "used", "expires", "revoked"]
     assert ci["id"] in text and bot["id"] in text
     for secret in (ci["token"], bot["token"], hash_token(ci["token"]), hash_token(bot["token"])):
         assert secret not in text and secret not in json.dumps(everyone)
@@ -145,3 +147,21 @@ def test_a_named_server_without_a_token_is_not_swapped_for_the_local_database(
         cli, ["tokens", "--database", "list"], env={"TWINKLE_URL": "http://gpu-box:8000"}
     )
     assert chosen.exit_code == 0, chosen.output
+
+
+def test_live_only_leaves_out_expired_tokens_and_the_table_shows_expiry(
+    api: Api, admin_cli: CliRunner
+) -> None:
+    lasting = create(admin_cli, "team-x", "lasting")
+    made = run(
+        admin_cli, "create", "--project", "team-x", "--name", "past", "--expires-at", "2099-01-01T00:00"
+    )
+    assert made.exit_code == 0, made.output  # a day and a time to the minute, as the help shows
+    past = create(admin_cli, "team-x", "past-its-time")
+    with api.session() as session, session.begin():  # its expiry has passed since
+        session.get(ApiToken, past["id"]).expires_at = datetime(2020, 1, 1, tzinfo=UTC)  # type: ignore[union-attr]
+    live = json.loads(run(admin_cli, "list", "--project", "team-x", "--live-only", "-o", "json").output)
+    assert past["id"] not in {t["id"] for t in live} and lasting["id"] in {t["id"] for t in live}
+    table = run(admin_cli, "list", "--project", "team-x").output.splitlines()
+    assert "expires" in table[0].split()
+    assert any("2099-01-01T00:00:00" in line for line in table[1:])
