@@ -390,7 +390,9 @@ class Supervisor:
                 job = self._job(session)
                 mine = (job.worker_id, job.attempt) == (self.a.worker_id, self.a.attempt)
                 if mine and job.status == S.STARTING:
-                    transition(session, job, S.RUNNING, message="runner started")
+                    # An earlier attempt's error (why it was retried) stays in the events; on
+                    # the job it would outlive this attempt and be read as why it ended.
+                    transition(session, job, S.RUNNING, message="runner started", error=None)
             limit = self._save_total_limit(session)
             seen, values = ingest_events(session, self.job_id, events, limit, self.store)
             if pids is not None:

@@ -120,6 +120,22 @@ def test_infra_error_retries_from_checkpoint_and_stops_at_max_retries(env: Worke
     assert all(e.data["resume_from"].endswith("step-2") for e in retries)
 
 
+def test_a_retried_jobs_error_goes_once_the_next_attempt_runs(env: WorkerEnv) -> None:
+    """The retry's reason is the job's error while it waits; kept afterwards, it was read as the
+    reason of whatever ended the job next (a cancel said 'cancelled: <the old crash>')."""
+    env.start_worker()
+    spec = fake_spec(max_steps=400, save_every=2, fail="infra", fail_at=3, once=True, step_seconds=0.3)
+    job_id = env.submit(spec, max_retries=2)
+    job = env.wait_for(
+        job_id, lambda j: j.attempt == 2 and j.status == "running" and j.step >= 4, what="attempt 2"
+    )
+    assert job.error is None and job.failed_attempts == 1
+    assert any(e.message.startswith("attempt 1 failed") for e in env.events(job_id))  # the reason stays here
+    env.set_status(job_id, "cancelling")
+    job = env.wait_status(job_id, "cancelled", "failed", "succeeded", timeout=20)
+    assert (job.status, job.error) == ("cancelled", None)
+
+
 def test_timeout_bounds_the_whole_job_across_retries(env: WorkerEnv) -> None:
     env.start_worker()
     # Attempt 1 runs ~4.5 s, each retry ~1.5 s (it resumes at step 2 and dies at step 3). Were the

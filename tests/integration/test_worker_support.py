@@ -84,7 +84,8 @@ emit("started", total_steps=total, world_size=int(os.environ.get("WORLD_SIZE", "
      resumed_from=resume, start_step=start)
 for step in range(start + 1, total + 1):
     time.sleep(step_seconds)
-    if fake.get("fail") == "infra" and step == int(fake.get("fail_at", 1)):
+    dies = resume is None or not fake.get("once")  # once: only an attempt from scratch dies
+    if fake.get("fail") == "infra" and step == int(fake.get("fail_at", 1)) and dies:
         os.kill(os.getpid(), signal.SIGKILL)
     emit("step", step=step, total_steps=total, epoch=step / total, loss=1.0 / step, lr=1e-3,
          grad_norm=0.5, tokens_per_second=100.0, samples_per_second=10.0)
