@@ -564,14 +564,33 @@ def jobs_logs(
         return
     if rank is not None and all_files:
         raise click.UsageError("--rank shows one rank's files, --all every file: give one")
-    logs = _client(ctx).jobs.logs(job_id, lines, attempt, rank=rank)
+    client = _client(ctx)
+    logs = client.jobs.logs(job_id, lines, attempt, rank=rank)
     if rank is None and not all_files:
         logs["files"] = [log for log in logs["files"] if is_combined_log(log["name"])]
+    if not logs["files"]:
+        _say_why_there_is_no_log(client.jobs.get(job_id), attempt, rank)
     text: list[str] = []
     for log in logs["files"]:
         text.append(f"==> {log['name']}{' (tail)' if log.get('truncated') else ''} <==")
         text.extend(log["lines"])
     _emit(logs, output, text)
+
+
+def _say_why_there_is_no_log(job: dict[str, Any], attempt: int | None, rank: int | None) -> None:
+    """An empty answer, explained: nothing has run yet (exit 0), or the attempt or rank asked for
+    has no log (exit 1), rather than nothing printed at all."""
+    attempts = job["attempt"]
+    if attempt is not None and not 1 <= attempt <= attempts:
+        runs = f"its attempts are 1 to {attempts}" if attempts else "it has not run yet"
+        raise click.ClickException(f"job {job['id']} has no attempt {attempt}: {runs}")
+    if not attempts:
+        click.echo(f"no log yet: job {job['id']} is {job['status']} and has not run", err=True)
+        return
+    which = f"attempt {attempt or attempts}"
+    if rank is not None:
+        raise click.ClickException(f"no log files of rank {rank} in {which} of job {job['id']}")
+    click.echo(f"no log files in {which} of job {job['id']} (yet)", err=True)
 
 
 def is_combined_log(name: str) -> bool:

@@ -161,6 +161,18 @@ def test_the_tail_shows_the_attempts_log_once_and_a_ranks_own_files_on_request(
     refused = runner.invoke(cli, ["jobs", "logs", job_id, "--rank", "0", "--all"])
     assert refused.exit_code == 2
 
+    # Nothing to show is said, not left as an empty screen: an attempt or a rank that has no log
+    # is an error; a job that has not run yet simply has none.
+    for args, expected in (
+        (["--attempt", "9"], f"job {job_id} has no attempt 9: its attempts are 1 to 1"),
+        (["--rank", "5"], f"no log files of rank 5 in attempt 1 of job {job_id}"),
+    ):
+        result = runner.invoke(cli, ["jobs", "logs", job_id, *args])
+        assert result.exit_code == 1 and expected in result.output, result.output
+    queued = api.submit()["id"]
+    result = runner.invoke(cli, ["jobs", "logs", queued])
+    assert result.exit_code == 0 and f"no log yet: job {queued} is queued and has not run" in result.output
+
 
 def test_a_nodes_torchrun_log_holds_its_ranks_lines_and_is_shown() -> None:
     assert resources.is_combined_log("attempt-2.log")
