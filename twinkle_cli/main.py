@@ -26,8 +26,8 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface the API server listens on")
+@click.option("--port", default=8000, show_default=True, type=int, help="Port of the API server")
 @click.option("--workers", "num_workers", default=1, show_default=True, type=int, help="uvicorn processes")
 def server(host: str, port: int, num_workers: int) -> None:
     """Run the API server (applies migrations at start)."""
@@ -73,8 +73,8 @@ def migrate() -> None:
 
 
 @cli.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface the API server listens on")
+@click.option("--port", default=8000, show_default=True, type=int, help="Port of the API server")
 def up(host: str, port: int) -> None:
     """Run the server, a worker and a serving host together on the configured (default: embedded)
     database and broker."""

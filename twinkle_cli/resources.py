@@ -175,7 +175,12 @@ SPEC_OVERRIDES = click.option(
 
 @jobs.command("validate")
 @click.option(
-    "-f", "--file", "path", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True
+    "-f",
+    "--file",
+    "path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="The job file (YAML, or JSON): a job body with `spec`, or a bare spec",
 )
 @SPEC_OVERRIDES
 @OUTPUT
@@ -202,10 +207,15 @@ def jobs_validate(path: Path, overrides: tuple[str, ...], output: str) -> None:
 
 @jobs.command("submit")
 @click.option(
-    "-f", "--file", "path", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True
+    "-f",
+    "--file",
+    "path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="The job file (YAML, or JSON): a job body with `spec`, or a bare spec",
 )
 @SPEC_OVERRIDES
-@click.option("--name", default=None)
+@click.option("--name", default=None, help="The job's name (over the file's)")
 @click.option("--wait", is_flag=True, help="Wait for the end; exit non-zero unless it succeeded")
 @click.option("--follow", is_flag=True, help="Print events as they happen (implies --wait)")
 @click.option("--timeout", type=float, default=None, help="Stop waiting after this many seconds (exit 3)")
@@ -383,7 +393,7 @@ def _finish(job: dict[str, Any], output: str, timeout: float | None = None) -> N
 
 @jobs.command("list")
 @click.option("--status", "statuses", multiple=True, help="Only this status (repeatable)")
-@click.option("--name", default=None)
+@click.option("--name", default=None, help="Only jobs with this exact name")
 @click.option("--metadata", "metadata", multiple=True, help="key:value the job's metadata holds (repeatable)")
 @click.option(
     "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="At most this many jobs"
@@ -493,7 +503,7 @@ def jobs_resume(ctx: click.Context, job_id: str, checkpoint: str | None, output:
 @jobs.command("clone")
 @click.argument("job_id")
 @SPEC_OVERRIDES
-@click.option("--name", default=None)
+@click.option("--name", default=None, help="The new job's name")
 @OUTPUT
 @click.pass_context
 @handle_api_errors
@@ -506,7 +516,8 @@ def jobs_clone(
 
 
 def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
-    """`a.b.c=value` pairs into a nested dict; values are parsed as YAML (3, 1e-4, true, [q, v])."""
+    """`a.b.c=value` pairs into a nested dict; values are parsed as YAML (3, 1e-4, true, [q, v]).
+    A key may start with `spec.`, as the errors name a field (`spec.training.max_steps`)."""
 
     def bad(message: str) -> click.BadParameter:
         return click.BadParameter(message, param_hint="--set")
@@ -514,7 +525,7 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
-        parts = key.split(".")
+        parts = key.removeprefix("spec.").split(".")
         if not sep or not all(parts):
             raise bad(f"expected KEY=VALUE with KEY like training.max_steps, got {pair!r}")
         try:

@@ -50,6 +50,9 @@ def test_an_override_is_validated_like_the_file(spec_file: Path) -> None:
     assert "unknown field 'spec.training.max_stepz' (did you mean 'spec.training.max_steps'?)" in out
     code, out = validate(spec_file, "training.max_steps=0")
     assert code == 1 and "spec.training.max_steps" in out
+    # The field as the message names it is taken too.
+    code, out = validate(spec_file, "spec.training.max_steps=7")
+    assert code == 0 and json.loads(out)["training"]["max_steps"] == 7
 
 
 @pytest.mark.parametrize(
