@@ -22,6 +22,8 @@ import httpx
 import yaml
 from pydantic import ValidationError
 
+from jobcore.jobs.events import EVENT_TYPES
+from jobcore.jobs.states import JobStatus
 from twinkle_cli.job_view import describe_job, job_table, progress_text, sample_lines
 from twinkle_client import APIError, InvalidId, TwinkleClient
 from twinkle_core.spec import merge_spec
@@ -392,7 +394,13 @@ def _finish(job: dict[str, Any], output: str, timeout: float | None = None) -> N
 
 
 @jobs.command("list")
-@click.option("--status", "statuses", multiple=True, help="Only this status (repeatable)")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice([status.value for status in JobStatus]),
+    help="Only this status (repeatable)",
+)
 @click.option("--name", default=None, help="Only jobs with this exact name")
 @click.option("--metadata", "metadata", multiple=True, help="key:value the job's metadata holds (repeatable)")
 @click.option(
@@ -663,7 +671,13 @@ def jobs_artifacts(ctx: click.Context, job_id: str, name: str | None, dest: Path
 @click.option(
     "--timeout", type=float, default=None, help="With --follow: stop after this many seconds (exit 3)"
 )
-@click.option("--type", "types", multiple=True, help="Only events of this type (repeatable)")
+@click.option(
+    "--type",
+    "types",
+    multiple=True,
+    type=click.Choice(EVENT_TYPES),
+    help="Only events of this type (repeatable)",
+)
 @OUTPUT
 @click.pass_context
 @handle_api_errors

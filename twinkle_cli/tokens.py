@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from jobcore.db.models import ApiToken, Project
 from jobcore.settings import get_settings, redacted_url
 from server.auth.cache import TTL_SECONDS
-from server.auth.service import create_token, list_tokens, revoke_token
+from server.auth.service import SCOPES, create_token, list_tokens, revoke_token
 from twinkle_cli.resources import handle_api_errors
 from twinkle_client import TwinkleClient
 
@@ -108,7 +108,14 @@ def _database_url() -> str:
     default=None,
     help="Project the token belongs to (database: required, created if new; server: default the caller's)",
 )
-@click.option("--scope", "scopes", multiple=True, default=("read", "write"), show_default=True)
+@click.option(
+    "--scope",
+    "scopes",
+    multiple=True,
+    type=click.Choice(SCOPES),
+    default=("read", "write"),
+    show_default=True,
+)
 @click.option("--name", default="", help="A label for the token")
 @click.option("--rate-limit", type=click.IntRange(min=1), default=None, help="Requests per minute")
 @click.option("--expires-in", default=None, help="Lifetime: 90s, 30m, 12h, 30d (default: until revoked)")
