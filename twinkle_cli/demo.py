@@ -48,6 +48,25 @@ def demo_spec(model_dir: Path, dataset: Path, steps: int, nproc: int) -> dict[st
     }
 
 
+def _error_message(resp: httpx.Response) -> str:
+    """The API's error envelope as a sentence (`message (param: ...)`); the body if it is not one."""
+    try:
+        error = resp.json()["error"]
+        return str(error["message"]) + (f" (param: {error['param']})" if error.get("param") else "")
+    except (ValueError, KeyError, TypeError):
+        return resp.text
+
+
+def _hint(resp: httpx.Response, own_stack: bool) -> str:
+    """What to do when another server cannot read the demo's files: they are in this machine's data dir."""
+    if own_stack or resp.status_code not in (400, 422):
+        return ""
+    return (
+        "\nThe demo's model and data are written in this machine's data dir (TWINKLE_DATA_DIR); a server "
+        "given with --url must read that dir: run the demo with the server's TWINKLE_DATA_DIR, on its machine"
+    )
+
+
 def run_demo(
     url: str, token: str, settings: Settings, steps: int, nproc: int, timeout: float, *, own_stack: bool
 ) -> int:
@@ -60,7 +79,9 @@ def run_demo(
     body = {"name": "demo", "spec": demo_spec(model_dir, dataset, steps, nproc)}
     resp = client.post("/v1/jobs", json=body)
     if resp.status_code != 201:
-        raise click.ClickException(f"submit failed ({resp.status_code}): {resp.text}")
+        raise click.ClickException(
+            f"submit failed ({resp.status_code}): {_error_message(resp)}{_hint(resp, own_stack)}"
+        )
     job = resp.json()
     click.echo(f"submitted {job['id']} (status {job['status']})")
     after: str | None = None
