@@ -175,8 +175,7 @@ SPEC_OVERRIDES = click.option(
 )
 
 
-@jobs.command("validate")
-@click.option(
+JOB_FILE = click.option(
     "-f",
     "--file",
     "path",
@@ -184,6 +183,10 @@ SPEC_OVERRIDES = click.option(
     required=True,
     help="The job file (YAML, or JSON): a job body with `spec`, or a bare spec",
 )
+
+
+@jobs.command("validate")
+@JOB_FILE
 @SPEC_OVERRIDES
 @OUTPUT
 def jobs_validate(path: Path, overrides: tuple[str, ...], output: str) -> None:
@@ -208,14 +211,7 @@ def jobs_validate(path: Path, overrides: tuple[str, ...], output: str) -> None:
 
 
 @jobs.command("submit")
-@click.option(
-    "-f",
-    "--file",
-    "path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    required=True,
-    help="The job file (YAML, or JSON): a job body with `spec`, or a bare spec",
-)
+@JOB_FILE
 @SPEC_OVERRIDES
 @click.option("--name", default=None, help="The job's name (over the file's)")
 @click.option("--wait", is_flag=True, help="Wait for the end; exit non-zero unless it succeeded")
