@@ -213,4 +213,4 @@ def test_a_serving_host_fetches_a_checkpoint_kept_only_in_object_storage(
         gone = complete(location.replace(trained.name, "step-99"))
         assert gone.status_code == 404 and gone.json()["error"]["param"] == "twinkle.checkpoint"
         bad = complete(location, job_id="../elsewhere")
-        assert bad.status_code == 422 and bad.json()["error"]["param"] == "twinkle.job_id"
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "twinkle.job_id"
