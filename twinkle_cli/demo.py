@@ -14,6 +14,7 @@ import click
 import httpx
 
 from jobcore.settings import Settings
+from twinkle_client import APIError
 
 
 def prepare_assets(settings: Settings) -> tuple[Path, Path]:
@@ -48,15 +49,6 @@ def demo_spec(model_dir: Path, dataset: Path, steps: int, nproc: int) -> dict[st
     }
 
 
-def _error_message(resp: httpx.Response) -> str:
-    """The API's error envelope as a sentence (`message (param: ...)`); the body if it is not one."""
-    try:
-        error = resp.json()["error"]
-        return str(error["message"]) + (f" (param: {error['param']})" if error.get("param") else "")
-    except (ValueError, KeyError, TypeError):
-        return resp.text
-
-
 def _hint(resp: httpx.Response, own_stack: bool) -> str:
     """What to do when another server cannot read the demo's files: they are in this machine's data dir."""
     if own_stack or resp.status_code not in (400, 422):
@@ -79,9 +71,7 @@ def run_demo(
     body = {"name": "demo", "spec": demo_spec(model_dir, dataset, steps, nproc)}
     resp = client.post("/v1/jobs", json=body)
     if resp.status_code != 201:
-        raise click.ClickException(
-            f"submit failed ({resp.status_code}): {_error_message(resp)}{_hint(resp, own_stack)}"
-        )
+        raise click.ClickException(f"submit failed: {APIError.from_response(resp)}{_hint(resp, own_stack)}")
     job = resp.json()
     click.echo(f"submitted {job['id']} (status {job['status']})")
     after: str | None = None

@@ -9,6 +9,7 @@ when it was cancelled, 3 when `--timeout` passed first (the job goes on).
 from __future__ import annotations
 
 import difflib
+import inspect
 import json
 import os
 import sys
@@ -26,6 +27,7 @@ from jobcore.jobs.events import EVENT_TYPES
 from jobcore.jobs.states import JobStatus
 from twinkle_cli.job_view import describe_job, job_table, progress_text, sample_lines
 from twinkle_client import APIError, InvalidId, TwinkleClient
+from twinkle_client.client import Jobs
 from twinkle_core.spec import merge_spec
 
 EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT = 1, 2, 3
@@ -72,8 +74,13 @@ def _emit(obj: Any, output: str, text_lines: Iterable[str]) -> None:
             click.echo(line)
 
 
-# A job file's top-level keys besides `spec`: the job body's fields, as `client.jobs.create` takes them.
-JOB_BODY_KEYS = ("name", "priority", "max_retries", "timeout_seconds", "metadata", "webhook_url")
+# A job file's top-level keys besides `spec`: the job body's fields, the keywords that
+# `client.jobs.create` takes (but the request's idempotency key).
+JOB_BODY_KEYS = tuple(
+    name
+    for name, parameter in inspect.signature(Jobs.create).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name != "idempotency_key"
+)
 
 
 def load_job_file(path: Path, overrides: Iterable[str] = ()) -> dict[str, Any]:

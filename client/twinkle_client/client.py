@@ -52,6 +52,15 @@ class APIError(Exception):
         where = f" (param: {self.param})" if self.param else ""
         super().__init__(f"{status_code} {self.type}: {self.message}{where}")
 
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> APIError:
+        """The error of an answer with an error status: its envelope, or its text if it has none."""
+        try:
+            error = response.json().get("error") or {}
+        except (json.JSONDecodeError, AttributeError):
+            error = {"message": response.text[:500]}
+        return cls(response.status_code, error, response.headers.get("x-request-id"))
+
 
 class TwinkleClient:
     def __init__(
@@ -119,7 +128,7 @@ class TwinkleClient:
                 self._sleep(attempt, response.headers.get("Retry-After"))
                 attempt += 1
                 continue
-            raise _error_from(response)
+            raise APIError.from_response(response)
 
     def download(self, path: str, dest: str | Path) -> Path:
         """Stream a GET of `path` into the file `dest`, through `dest.part` so a broken download
@@ -173,7 +182,7 @@ class TwinkleClient:
         """
         response = self._http.get("/readyz")
         if response.status_code not in (200, 503):
-            raise _error_from(response)
+            raise APIError.from_response(response)
         result: Json = response.json()
         return result
 
@@ -195,14 +204,6 @@ def retry_after_seconds(value: str | None) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
-
-
-def _error_from(response: httpx.Response) -> APIError:
-    try:
-        error = response.json().get("error") or {}
-    except (json.JSONDecodeError, AttributeError):
-        error = {"message": response.text[:500]}
-    return APIError(response.status_code, error, response.headers.get("x-request-id"))
 
 
 class _Resource:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from twinkle_cli.demo import _error_message, _hint
+from twinkle_cli.demo import _hint
+from twinkle_client import APIError
 
 
 def test_a_refused_submit_reads_as_the_envelopes_message_and_says_where_the_files_are() -> None:
@@ -17,9 +18,12 @@ def test_a_refused_submit_reads_as_the_envelopes_message_and_says_where_the_file
         }
     }
     refused = httpx.Response(422, json=envelope)
-    assert _error_message(refused) == (
-        "spec.model.model_id: /data/demo/model is outside the allowed data roots (param: spec.model.model_id)"
+    assert str(APIError.from_response(refused)) == (
+        "422 invalid_request_error: spec.model.model_id: /data/demo/model is outside the allowed data roots "
+        "(param: spec.model.model_id)"
     )
     assert "TWINKLE_DATA_DIR" in _hint(refused, own_stack=False)
     assert _hint(refused, own_stack=True) == ""  # its own server reads its own data dir
-    assert _error_message(httpx.Response(502, text="bad gateway")) == "bad gateway"
+    assert (
+        str(APIError.from_response(httpx.Response(502, text="bad gateway"))) == "502 api_error: bad gateway"
+    )
