@@ -94,7 +94,10 @@ class WorkerSettings(_Environment):
     heartbeat_seconds: float = Field(default=2.0, gt=0)
     hang_timeout_seconds: float = Field(default=1800.0, gt=0, description="No progress for this long = hung")
     cancel_grace_seconds: float = Field(default=10.0, gt=0)
-    torchrun: str = Field(default="torchrun", description="The torchrun executable")
+    torchrun: str = Field(
+        default="twinkle-torchrun",
+        description="The torchrun executable (the default is torchrun, ending a stop by signal in one line)",
+    )
     worker_address: str | None = Field(
         default=None,
         description="Address other hosts reach this worker's node-0 rendezvous at; default: the hostname",

@@ -63,6 +63,10 @@ def test_cancel_mid_step_stops_every_process_within_the_grace_period(env: Worker
     assert job.status == "cancelled"
     assert job_processes(env) == []
     assert job.pids is None
+    # The job's log ends by saying what stopped torchrun, not with torchrun's traceback.
+    log = (env.data_dir / "jobs" / job_id / "logs" / "attempt-1.log").read_text()
+    assert "torchrun stopped by SIGTERM" in log
+    assert "Traceback" not in log and "SignalException" not in log
 
 
 def test_pause_checkpoints_and_resume_continues_from_it(env: WorkerEnv) -> None:
@@ -104,6 +108,8 @@ def test_user_errors_and_timeouts_fail_once_without_retry(env: WorkerEnv) -> Non
 
     job = env.wait_status(slow, "succeeded", "failed", timeout=60)
     assert (job.status, job.attempt, job.error["kind"]) == ("failed", 1, "timeout")
+    assert "torchrun stopped by SIGTERM" in job.error["log_tail"]
+    assert "Traceback" not in job.error["log_tail"]
     assert job_processes(env) == []
 
 
