@@ -39,13 +39,14 @@ def server(host: str, port: int, num_workers: int) -> None:
 @cli.command()
 @click.option("--concurrency", type=int, default=None, help="Jobs at once (default: by GPUs/slots)")
 @click.option("--beat/--no-beat", default=True, show_default=True, help="Also run the reconciler schedule")
-def worker(concurrency: int | None, beat: bool) -> None:
+@click.option("--banner/--no-banner", default=True, show_default=True, help="Print Celery's start-up banner")
+def worker(concurrency: int | None, beat: bool, banner: bool) -> None:
     """Run a worker: claims queued jobs and supervises their torchrun processes."""
     from worker.agent import WorkerNameInUse
     from worker.main import run_worker
 
     try:
-        run_worker(get_settings(), concurrency=concurrency, beat=beat)
+        run_worker(get_settings(), concurrency=concurrency, beat=beat, banner=banner)
     except WorkerNameInUse as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -97,7 +97,7 @@ class LocalStack:
         self.started_at = datetime.now(UTC)
         self._spawn("server", "--host", self.host, "--port", str(self.port), log_name="server.log")
         self._wait_healthy(timeout)
-        worker_args = ["worker"]
+        worker_args = ["worker", "--no-banner"]  # the stack's own banner says what runs where
         if self.worker_concurrency:
             worker_args += ["--concurrency", str(self.worker_concurrency)]
         self._spawn(*worker_args, log_name="worker.log")

@@ -59,10 +59,13 @@ def _die_with_the_worker(**_: object) -> None:
         os._exit(1)
 
 
-def run_worker(settings: Settings, concurrency: int | None = None, beat: bool = False) -> None:
+def run_worker(
+    settings: Settings, concurrency: int | None = None, beat: bool = False, banner: bool = True
+) -> None:
     """Block running a worker. `concurrency` is the number of jobs a GPU-less worker runs at once
     (default `settings.worker_slots`); a GPU worker runs as many as its GPUs allow. `beat` embeds
-    the Celery beat that schedules the reconciler (run it in one process per deployment)."""
+    the Celery beat that schedules the reconciler (run it in one process per deployment).
+    `banner`: print Celery's start-up banner (its broker, queues and tasks)."""
     global _worker_pid
     _worker_pid = os.getpid()
     _shutdown_requested.clear()  # a request belongs to one run, not to the module
@@ -77,13 +80,13 @@ def run_worker(settings: Settings, concurrency: int | None = None, beat: bool = 
     set_current_agent(agent)
     agent.start()
     try:
-        keep_consuming(lambda: _consume(app, agent.worker_id, beat), _shutdown_requested.is_set)
+        keep_consuming(lambda: _consume(app, agent.worker_id, beat, banner), _shutdown_requested.is_set)
     finally:
         agent.stop()
         set_current_agent(None)
 
 
-def _consume(app: Celery, worker_id: str, beat: bool) -> int:
+def _consume(app: Celery, worker_id: str, beat: bool, banner: bool = True) -> int:
     """Run a Celery consumer until it ends; its exit code (0: a clean shutdown, 1: it crashed).
 
     Built as `celery worker` builds it, but called directly: the command line drops the code."""
@@ -95,6 +98,7 @@ def _consume(app: Celery, worker_id: str, beat: bool) -> int:
         without_gossip=True,
         without_mingle=True,
         beat=beat,
+        quiet=not banner,
     )
     consumer.start()
     return int(consumer.exitcode or 0)

@@ -14,9 +14,8 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
@@ -55,7 +54,7 @@ def schema_state(url: str) -> tuple[bool, str]:
     engine = create_engine(url, poolclass=NullPool)
     try:
         with engine.connect() as connection:
-            current = MigrationContext.configure(connection).get_current_revision()
+            current = _current_revision(connection)
     except SQLAlchemyError as exc:
         return False, f"the database is not reachable ({type(exc).__name__}: {str(exc).splitlines()[0]})"
     finally:
@@ -70,6 +69,15 @@ def schema_state(url: str) -> tuple[bool, str]:
     if current in known:
         return False, f"the schema is at revision {current}, this code needs {head}"
     return True, f"schema at {current}, newer than this code's {head}"
+
+
+def _current_revision(connection: Connection) -> str | None:
+    # Read where Alembic keeps it rather than through a MigrationContext, whose set-up logs two
+    # INFO lines ("Context impl ...") per check: every worker and serving host printed them at start.
+    if not inspect(connection).has_table("alembic_version"):
+        return None
+    revision = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    return None if revision is None else str(revision)
 
 
 def wait_for_schema(

@@ -81,6 +81,9 @@ def test_up_prints_a_working_url_and_token_and_stops_everything(tmp_path: Path) 
         assert _wait_for(lines, r"inference: ready \((\w+)", seen, timeout=10).group(1) == "transformers"
         export = _wait_for(lines, r"From a shell: export (.*)", seen, timeout=10).group(1)
         assert export == f"TWINKLE_URL={url} TWINKLE_TOKEN={token}"
+        startup = "".join(seen)
+        # At start a user reads the stack's banner, not Celery's or alembic's set-up lines.
+        assert "[queues]" not in startup and "Context impl" not in startup, startup
         workers = httpx.get(f"{url}/v1/workers", headers=auth, timeout=10).json()["data"]
         assert [w["status"] for w in workers] == ["online"]
 
