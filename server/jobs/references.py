@@ -185,6 +185,35 @@ def check_spec(
     check_model_kwargs(model.kwargs, f"{prefix}.model.kwargs")
     check_config_keys(model.config or {}, f"{prefix}.model.config")
     check_trackers(spec.training.report_to, f"{prefix}.training.report_to")
+    check_one_step_of_data(spec, session, project_id, prefix)
+
+
+def check_one_step_of_data(spec: JobSpec, session: Session, project_id: str, prefix: str) -> None:
+    """An uploaded training file must hold one optimizer step: `batch_size` x
+    `gradient_accumulation_steps` rows. Without packing a row makes at most one sample and the
+    runner drops an epoch's incomplete batch, so with fewer rows it could not train at all and
+    would say so only once a worker had started it. With packing a long row may make several
+    blocks, and a path or hub dataset is not counted here: the runner checks those."""
+    data, training = spec.data, spec.training
+    if data.packing or not data.train_file.startswith("file-"):
+        return
+    rows = session.scalar(select(File.rows).where(File.id == data.train_file, File.project_id == project_id))
+    if rows is None:
+        return  # not this project's: check_reference has refused it
+    where = f"the {rows} row{'s' if rows != 1 else ''} of {prefix}.data.train_file ({data.train_file})"
+    if rows < training.batch_size:
+        param = f"{prefix}.training.batch_size"
+        raise InvalidRequest(
+            f"{param} ({training.batch_size}) is larger than {where}: not one full batch", param=param
+        )
+    per_step = training.batch_size * training.gradient_accumulation_steps
+    if rows < per_step:
+        param = f"{prefix}.training.gradient_accumulation_steps"
+        raise InvalidRequest(
+            f"{param} ({training.gradient_accumulation_steps}) x {prefix}.training.batch_size "
+            f"({training.batch_size}) = {per_step} rows per optimizer step, more than {where}",
+            param=param,
+        )
 
 
 def check_trackers(names: Sequence[str], param: str) -> None:

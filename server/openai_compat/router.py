@@ -14,6 +14,7 @@ from server.checkpoints import service as checkpoints
 from server.common.pagination import MAX_LIMIT
 from server.deps import ReadPrincipal, SessionDep, SettingsDep, WritePrincipal
 from server.errors import InvalidRequest, error_responses
+from server.files.repository import get_file
 from server.jobs import service as jobs
 from server.jobs.router import DispatchDep
 from server.jobs.schemas import METADATA_KEY, JobResume
@@ -53,10 +54,10 @@ def create(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=256)] = None,
 ) -> FineTuningJob:
     """Create a fine-tuning job from an OpenAI-style body ("auto" hyperparameters resolved and recorded)."""
+    uploaded = get_file(session, principal.project_id, body.training_file)
     try:
-        job, _created = jobs.create_job(
-            session, settings, principal, service.to_job_create(body), dispatch, idempotency_key
-        )
+        job_body = service.to_job_create(body, uploaded.rows if uploaded else None)
+        job, _created = jobs.create_job(session, settings, principal, job_body, dispatch, idempotency_key)
     except InvalidRequest as exc:
         raise service.in_openai_terms(exc) from exc
     return _render(session, job)

@@ -8,6 +8,7 @@ always agree on a job's state.
 from __future__ import annotations
 
 import copy
+import re
 import time
 from typing import Any
 
@@ -99,8 +100,9 @@ def _hyperparameters_param(body: FineTuningJobCreate, name: str) -> str:
     return f"hyperparameters.{name}"
 
 
-def to_job_create(body: FineTuningJobCreate) -> JobCreate:
-    """Resolve "auto" hyperparameters into a full job body; explicit values in twinkle_spec win over auto."""
+def to_job_create(body: FineTuningJobCreate, training_rows: int | None = None) -> JobCreate:
+    """Resolve "auto" hyperparameters into a full job body; explicit values in twinkle_spec win over
+    auto. `training_rows`: the rows of the uploaded training file, which an "auto" batch fits."""
     if body.method and body.method.type != "supervised":
         raise InvalidRequest(
             f"method.type {body.method.type!r} is not supported: only 'supervised' fine-tuning is",
@@ -133,8 +135,9 @@ def to_job_create(body: FineTuningJobCreate) -> JobCreate:
     if hp.batch_size != "auto":
         training["batch_size"] = hp.batch_size
     elif "batch_size" not in training:
-        # The global batch splits over the ranks: round the default up to a multiple of them.
-        training["batch_size"] = -(-AUTO_BATCH_SIZE // world) * world
+        packing = isinstance(spec.get("data"), dict) and spec["data"].get("packing") is True
+        rows = None if packing else training_rows  # packed, a row may make several samples
+        training["batch_size"] = auto_batch_size(world, rows, training.get("gradient_accumulation_steps"))
     if hp.learning_rate_multiplier != "auto":
         spec.setdefault("optimizer", {})["lr"] = BASE_LEARNING_RATE * hp.learning_rate_multiplier
     if body.seed is not None:
@@ -154,6 +157,20 @@ def to_job_create(body: FineTuningJobCreate) -> JobCreate:
         raise InvalidRequest(f"{param}: {message}", param=param) from exc
 
 
+def auto_batch_size(world: int, rows: int | None, accumulation: Any) -> int:
+    """ "auto": JobSpec's default rounded up to a multiple of the ranks (the global batch splits
+    over them); for a smaller file, the largest multiple of the ranks with which its rows still
+    make one optimizer step (with the default it could not train at all, as with OpenAI's small
+    files "auto" adapts). Where not even one sample per rank fits, the default, which the job's
+    checks then refuse with the numbers."""
+    batch = -(-AUTO_BATCH_SIZE // world) * world
+    if rows is None:
+        return batch
+    steps = accumulation if isinstance(accumulation, int) and accumulation >= 1 else 1
+    fits = rows // steps // world * world
+    return min(batch, fits) if fits >= world else batch
+
+
 def _world_size(resources: dict[str, Any]) -> int:
     """The ranks the job asks for; 1 when its resources are invalid (the job body's validation
     then names the bad field)."""
@@ -171,13 +188,18 @@ def openai_param(native: str) -> str:
     return "twinkle_spec." + native.removeprefix("spec.") if native.startswith("spec.") else native
 
 
+# A field of our job body as a message spells it: `spec.` and a dotted path of lower-case names.
+_SPEC_PATH_IN_TEXT = re.compile(r"\bspec(?:\.[a-z_]+)+")
+
+
 def in_openai_terms(exc: InvalidRequest) -> InvalidRequest:
-    """The same error, naming the OpenAI field instead of our spec path."""
+    """The same error, naming the OpenAI fields instead of our spec paths (in `param` and in every
+    path its message mentions)."""
+    message = _SPEC_PATH_IN_TEXT.sub(lambda found: openai_param(found.group(0)), exc.message)
     if exc.param is None:
-        return exc
+        return InvalidRequest(message, param=None, code=exc.code)
     param = openai_param(exc.param)
-    message = exc.message.replace(exc.param, param)
-    return InvalidRequest(message, param=param, code=exc.code)
+    return InvalidRequest(message.replace(exc.param, param), param=param, code=exc.code)
 
 
 def _unix(value: Any) -> int | None:

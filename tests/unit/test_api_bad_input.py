@@ -318,7 +318,7 @@ def test_a_declared_oversized_body_is_never_read(api: Api) -> None:
 
 
 def _upload(api: Api) -> str:
-    upload = {"file": ("d.jsonl", b'{"text": "a"}\n')}
+    upload = {"file": ("d.jsonl", b'{"text": "a"}\n' * 8)}  # one batch of spec_body's default size
     response = api.client.post("/v1/files", files=upload, headers=api.admin)
     assert response.status_code == 201, response.text
     file_id: str = response.json()["id"]
@@ -332,6 +332,29 @@ def test_an_uploaded_file_is_not_a_model(api: Api, field: str) -> None:
     assert error["param"] == f"spec.model.{field}" and "uploads are datasets" in error["message"]
     accepted = api.client.post("/v1/jobs", json=with_spec(data={"train_file": file_id}), headers=api.admin)
     assert accepted.status_code == 201, accepted.text
+
+
+def test_an_uploaded_file_too_small_for_one_step_is_refused_at_submit(api: Api) -> None:
+    file_id = _upload(api)  # 8 rows
+    error = refused(api, with_spec(data={"train_file": file_id}, training={"batch_size": 9}))
+    assert error["param"] == "spec.training.batch_size"
+    assert error["message"] == (
+        f"spec.training.batch_size (9) is larger than the 8 rows of spec.data.train_file ({file_id}): "
+        "not one full batch"
+    )
+    error = refused(
+        api,
+        with_spec(data={"train_file": file_id}, training={"batch_size": 4, "gradient_accumulation_steps": 3}),
+    )
+    assert error["param"] == "spec.training.gradient_accumulation_steps"
+    assert "= 12 rows per optimizer step, more than the 8 rows" in error["message"]
+    # Exactly one step of rows trains; packed, a long row may make several blocks: the runner decides.
+    for body in (
+        with_spec(data={"train_file": file_id}, training={"batch_size": 4, "gradient_accumulation_steps": 2}),
+        with_spec(data={"train_file": file_id, "packing": True}, training={"batch_size": 9}),
+    ):
+        accepted = api.client.post("/v1/jobs", json=body, headers=api.admin)
+        assert accepted.status_code == 201, accepted.text
 
 
 def test_a_bare_hub_id_stays_a_hub_id_whatever_exists_in_the_cwd(

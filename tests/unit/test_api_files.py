@@ -103,6 +103,7 @@ def test_delete_is_refused_while_a_live_job_uses_the_file(api: Api) -> None:
     file_id = upload(api, "train.jsonl", CHAT).json()["id"]
     body = spec_body()
     body["spec"]["data"]["train_file"] = file_id
+    body["spec"]["training"] = {"batch_size": 1}
     job = api.client.post("/v1/jobs", json=body, headers=api.admin).json()
     assert job["status"] == "queued"
     refused = api.client.delete(f"/v1/files/{file_id}", headers=api.admin)

@@ -251,6 +251,7 @@ def test_another_projects_file_id_is_refused(api: Api) -> None:
     assert upload.status_code == 201, upload.text
     body = spec_body()
     body["spec"]["data"]["train_file"] = upload.json()["id"]
+    body["spec"]["training"] = {"batch_size": 1}  # the file's one row
     assert api.client.post("/v1/jobs", json=body, headers=api.admin).status_code == 422
     assert api.client.post("/v1/jobs", json=body, headers=api.token("other")).status_code == 201
 

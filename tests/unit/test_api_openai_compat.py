@@ -33,7 +33,7 @@ def _upload(oa: openai.OpenAI, rows: int = 4) -> str:
 
 
 def test_openai_client_full_session(api: Api, oa: openai.OpenAI) -> None:
-    file_id = _upload(oa)
+    file_id = _upload(oa, rows=16)
     job = oa.fine_tuning.jobs.create(
         model="org/tiny-llama",
         training_file=file_id,
@@ -101,8 +101,28 @@ def test_cancel_queued_and_pause_resume(oa: openai.OpenAI) -> None:
     assert "cancelled" in str(exc.value)
 
 
+def test_auto_batch_size_fits_a_small_file_and_a_given_one_must(oa: openai.OpenAI) -> None:
+    small = _upload(oa, rows=5)
+    job = oa.fine_tuning.jobs.create(
+        model="org/tiny-llama",
+        training_file=small,
+        extra_body={"twinkle_spec": {"resources": {"nproc_per_node": 2}}},
+    )
+    assert job.hyperparameters.batch_size == 4  # the largest multiple of the 2 ranks within 5 rows
+    with pytest.raises(openai.BadRequestError) as exc:
+        oa.fine_tuning.jobs.create(
+            model="org/tiny-llama", training_file=small, hyperparameters={"batch_size": 6}
+        )
+    error = exc.value.body
+    assert error["param"] == "hyperparameters.batch_size"  # type: ignore[index]
+    assert error["message"] == (  # type: ignore[index]
+        f"hyperparameters.batch_size (6) is larger than the 5 rows of training_file ({small}): "
+        "not one full batch"
+    )
+
+
 def test_twinkle_spec_rides_along_and_errors_name_openai_fields(oa: openai.OpenAI) -> None:
-    file_id = _upload(oa)
+    file_id = _upload(oa, rows=16)
     job = oa.fine_tuning.jobs.create(
         model="org/tiny-llama",
         training_file=file_id,

@@ -116,6 +116,7 @@ def test_submit_uploads_a_dataset_named_by_a_relative_local_path(
     spec = {
         "model": {"model_id": "org/tiny-llama"},
         "data": {"train_file": "data/train.jsonl", "validation_file": "./data/train.jsonl"},
+        "training": {"batch_size": 2},  # the file's two rows
     }
     (work / "job.yaml").write_text(yaml.safe_dump({"name": "local-data", "spec": spec}))
     runner = CliRunner(env={"TWINKLE_TOKEN": BOOTSTRAP, "TWINKLE_URL": "http://testserver"})
@@ -135,7 +136,7 @@ def test_submit_uploads_a_dataset_named_by_a_relative_local_path(
     assert [f["id"] for f in listed] == [uploaded["id"]]
     assert f"data/train.jsonl is {uploaded['id']}, uploaded earlier (spec.data.train_file)" in again.stderr
     # Other content under the same name is a new upload.
-    (work / "data" / "train.jsonl").write_text('{"text": "changed"}\n')
+    (work / "data" / "train.jsonl").write_text('{"text": "changed"}\n{"text": "too"}\n')
     changed = runner.invoke(cli, ["jobs", "submit", "-f", "job.yaml", "-o", "json"], catch_exceptions=False)
     assert changed.exit_code == 0, changed.output
     assert len(api.client.get("/v1/files", headers=api.admin).json()["data"]) == 2
