@@ -83,11 +83,19 @@ JOB_BODY_KEYS = tuple(
 )
 
 
+def shown(path: Path) -> Path:
+    """A job file as messages name it: `-` is `<stdin>`."""
+    return Path("<stdin>") if str(path) == "-" else path
+
+
 def load_job_file(path: Path, overrides: Iterable[str] = ()) -> dict[str, Any]:
     """A YAML or JSON file holding either a job body (with `spec`) or a bare JobSpec, as a job
-    body, with `--set` overrides merged into its spec (an override wins over the file)."""
+    body, with `--set` overrides merged into its spec (an override wins over the file). `-` is
+    standard input (YAML, which takes JSON too), for a job that a pipeline's step writes out."""
+    stdin = str(path) == "-"
+    path = shown(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = sys.stdin.buffer.read().decode("utf-8") if stdin else path.read_text(encoding="utf-8")
         raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except UnicodeDecodeError as exc:
         raise click.BadParameter(
@@ -186,9 +194,9 @@ JOB_FILE = click.option(
     "-f",
     "--file",
     "path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=click.Path(exists=True, dir_okay=False, path_type=Path, allow_dash=True),
     required=True,
-    help="The job file (YAML, or JSON): a job body with `spec`, or a bare spec",
+    help="The job file (YAML, or JSON; `-`: standard input): a job body with `spec`, or a bare spec",
 )
 
 
@@ -213,7 +221,9 @@ def jobs_validate(path: Path, overrides: tuple[str, ...], output: str) -> None:
             click.echo(f"spec.{loc}: {err['msg']}", err=True)
         sys.exit(1)
     _emit(
-        spec.model_dump(mode="json"), output, [f"{path}: valid", yaml.safe_dump(spec.model_dump(mode="json"))]
+        spec.model_dump(mode="json"),
+        output,
+        [f"{shown(path)}: valid", yaml.safe_dump(spec.model_dump(mode="json"))],
     )
 
 

@@ -155,6 +155,27 @@ def test_a_relative_dataset_path_that_is_not_here_is_left_to_the_server(
     assert api.client.get("/v1/files", headers=api.admin).json()["data"] == []
 
 
+def test_a_job_file_may_come_on_standard_input(
+    api: Api, spec_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make-spec | twinkle-jobs jobs submit -f -` in a pipeline, in YAML or JSON."""
+    monkeypatch.setattr(resources, "TwinkleClient", lambda _url, token: client_of(api, token))
+    runner = CliRunner(env={"TWINKLE_TOKEN": BOOTSTRAP, "TWINKLE_URL": "http://testserver"})
+    as_json = json.dumps(yaml.safe_load(spec_file.read_text()))
+    for text in (spec_file.read_text(), as_json):
+        args = ["jobs", "submit", "-f", "-", "--set", "training.max_steps=3"]
+        result = runner.invoke(cli, args, input=text, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        stored = api.client.get(
+            f"/v1/jobs/{result.stdout.strip()}", params={"expand": "spec"}, headers=api.admin
+        ).json()
+        assert stored["name"] == "demo" and stored["spec"]["training"]["max_steps"] == 3
+    result = runner.invoke(cli, ["jobs", "validate", "-f", "-"], input=spec_file.read_text())
+    assert result.exit_code == 0 and "<stdin>: valid" in result.output
+    result = runner.invoke(cli, ["jobs", "validate", "-f", "-"], input="- not\n- a mapping\n")
+    assert result.exit_code == 2 and "<stdin>: expected a mapping at the top level" in result.output
+
+
 def test_a_misspelt_top_level_key_is_named_by_validate_and_submit(tmp_path: Path, spec_file: Path) -> None:
     body = yaml.safe_load(spec_file.read_text())
     typo = tmp_path / "typo.yaml"
