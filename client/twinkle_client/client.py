@@ -13,7 +13,7 @@ import shutil
 import tarfile
 import time
 import uuid
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -381,10 +381,16 @@ class Jobs(_Resource):
         deadline = None if timeout is None else time.monotonic() + timeout
         last_id = None if after is None else str(after)
         drops = 0  # consecutive reconnects that brought nothing new
+        opened = False  # once the server has answered, a lost connection is a drop to reopen
+
+        def on_open() -> None:
+            nonlocal opened
+            opened = True
+
         while True:
             progressed = False
             try:
-                with contextlib.closing(self._stream(job_id, last_id, deadline)) as messages:
+                with contextlib.closing(self._stream(job_id, last_id, deadline, on_open)) as messages:
                     for message in messages:
                         _check_deadline(deadline, job_id, timeout)
                         if message.event == "end":
@@ -397,7 +403,9 @@ class Jobs(_Resource):
                             progressed = True
                             yield event
             except httpx.TransportError:
-                pass  # a dropped or silent connection: reopen it below
+                if not opened:
+                    raise  # the server was never reached: the request has spent its own retries
+                # A dropped or silent connection, or a server restarting: reopen it below.
             _check_deadline(deadline, job_id, timeout)
             drops = 0 if progressed else drops + 1
             if drops > self._c.max_retries:
@@ -405,7 +413,7 @@ class Jobs(_Resource):
             time.sleep(poll if drops else 0.0)
 
     def _stream(
-        self, job_id: str, last_id: str | None, deadline: float | None
+        self, job_id: str, last_id: str | None, deadline: float | None, on_open: Callable[[], None]
     ) -> Generator[Message, None, None]:
         headers = {"Accept": "text/event-stream"}
         if last_id:
@@ -421,6 +429,7 @@ class Jobs(_Resource):
             timeout=httpx.Timeout(self._c.timeout, read=idle),
             stream=True,
         )
+        on_open()
         try:
             yield from read_messages(response.iter_lines())
         finally:

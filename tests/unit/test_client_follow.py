@@ -93,6 +93,37 @@ def test_a_stream_that_keeps_dropping_without_news_gives_up(monkeypatch: pytest.
     assert len(opened) == 3
 
 
+def test_a_server_never_reached_is_said_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not the reconnects of a stream that dropped: the request's own retries, then its error."""
+    monkeypatch.setattr("twinkle_client.client.time.sleep", lambda _s: None)
+    tried = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        tried.append(request)
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    with pytest.raises(httpx.ConnectError, match="Connection refused"):
+        list(make_client(handler, max_retries=2).jobs.follow("job-1"))
+    assert len(tried) == 3  # one request and its two retries, not reconnects on top of them
+
+
+def test_a_server_restarting_mid_stream_is_followed_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("twinkle_client.client.time.sleep", lambda _s: None)
+    tried: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        tried.append(request.headers.get("Last-Event-ID"))
+        if len(tried) == 1:
+            return httpx.Response(200, content=cut_after([sse(1)], request))
+        if len(tried) <= 4:  # down for longer than one request's retries
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        return httpx.Response(200, content=sse(2) + END)
+
+    events = list(make_client(handler, max_retries=2).jobs.follow("job-1"))
+    assert [e["id"] for e in events] == [1, 2]
+    assert tried[-1] == "1"
+
+
 def test_a_silent_stream_still_ends_at_the_deadline() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         def keepalives() -> Iterator[bytes]:
