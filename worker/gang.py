@@ -129,6 +129,8 @@ def broken_member(rows: list[GangMember], nnodes: int, stale_after_seconds: floa
         return f"only {len(rows)} of {nnodes} nodes remain in the gang"
     stale = utcnow() - timedelta(seconds=stale_after_seconds)
     for row in rows[1:]:  # node 0 is the caller
+        if row.status == FAILED and row.exit_code is None:
+            return f"node {row.node_rank} ({row.host}) failed before its torchrun ran (its event says why)"
         if row.status == FAILED:
             return f"node {row.node_rank} ({row.host}) failed with exit code {row.exit_code}"
         if row.status == LEFT:

@@ -22,7 +22,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from jobcore.db.models import Checkpoint, Job, utcnow
+from jobcore.db.models import Checkpoint, Job, JobEvent, utcnow
 from jobcore.db.session import session_scope
 from jobcore.jobs.states import ACTIVE, JobStatus
 from jobcore.settings import Settings
@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
 CONTROL_SECONDS = 1.0
 RUNNING = "running"
+
+
+class LaunchRefused(Exception):
+    """This host cannot launch its node of the job (the spec does not resolve here)."""
 
 
 class NodeSupervisor:
@@ -83,8 +87,17 @@ class NodeSupervisor:
     def _main(self) -> None:
         try:
             self._run()
-        except Exception:
+        except LaunchRefused as exc:
+            # Not a crash: this host cannot run the job as node 0's host could (its stored data
+            # or a path is not here). Said where the user reads, and node 0 retries the attempt.
+            log.warning("job %s node %d: %s", self.job_id, self.node_rank, exc)
+            self._say(str(exc))
+            self._record_exit(gang.FAILED, None)
+        except Exception as exc:
             log.exception("node %d supervisor of job %s crashed", self.node_rank, self.job_id)
+            self._say(
+                f"node {self.node_rank}'s supervisor crashed ({type(exc).__name__}); see its worker's log"
+            )
             self._record_exit(gang.FAILED, None)
         finally:
             self.on_exit(self)
@@ -99,6 +112,8 @@ class NodeSupervisor:
             merged = run_merge(base_merge, self.paths.log, self._still_a_member, poll)
             if merged.outcome is not Merge.DONE:
                 log.warning("node %d of job %s: %s", self.node_rank, self.job_id, merged.message or "stopped")
+                if merged.outcome is Merge.FAILED:
+                    self._say(f"node {self.node_rank}: {merged.message or 'the base merge failed'}")
                 self._record_exit(gang.FAILED if merged.outcome is Merge.FAILED else gang.LEFT, None)
                 return
         argv = torchrun_argv(
@@ -154,7 +169,13 @@ class NodeSupervisor:
                         # No shared file system (or only an earlier attempt's copy here): resolve
                         # and check the spec on this host, as node 0 did on its own.
                         self.job_dir.mkdir(parents=True, exist_ok=True)
-                        resolved = resolve_spec(session, job, self.settings)
+                        try:
+                            resolved = resolve_spec(session, job, self.settings)
+                        except ValueError as exc:
+                            host = next((r.host for r in rows if r.id == self.member_id), "?")
+                            raise LaunchRefused(
+                                f"node {self.node_rank} ({host}) cannot launch the job: {exc}"
+                            ) from None
                         write_spec(resolved.spec, self.job_dir, self.attempt)
                         base_merge = resolved.base_merge
                     resume_from = local_resume_point(self.settings, session, self.job_id, job.resume_from)
@@ -200,6 +221,14 @@ class NodeSupervisor:
 
     def _same_attempt(self, job: Job | None) -> bool:
         return job is not None and job.attempt == self.attempt and JobStatus(job.status) in ACTIVE
+
+    def _say(self, message: str) -> None:
+        try:
+            with session_scope(self.db) as session:
+                data = {"node_rank": self.node_rank}
+                session.add(JobEvent(job_id=self.job_id, type="message", message=message, data=data))
+        except Exception:
+            log.exception("job %s node %d: could not record an event", self.job_id, self.node_rank)
 
     def _record_exit(self, status: str, exit_code: int | None) -> None:
         try:

@@ -11,10 +11,12 @@ import pytest
 from sqlalchemy import select
 
 from jobcore.db.migrate import upgrade
-from jobcore.db.models import GangMember, Job, Project, utcnow
+from jobcore.db.models import File, GangMember, Job, JobEvent, Project, utcnow
 from jobcore.db.session import session_scope
+from jobcore.settings import Settings
 from worker import gang
 from worker.claim import claim_next_job
+from worker.gang_node import NodeSupervisor
 from worker.launch import AttemptPaths, Rendezvous, free_port, resolve_torchrun, runner_env, torchrun_argv
 
 
@@ -122,6 +124,52 @@ def test_a_gang_is_broken_by_a_failed_silent_or_missing_node() -> None:
     assert "shutting down" in (gang.broken_member([leader, node("left", 0)], 2, 10) or "")
     assert "lost" in (gang.broken_member([leader, node("running", 60)], 2, 10) or "")
     assert "1 of 2" in (gang.broken_member([leader], 2, 10) or "")
+
+
+def test_a_node_that_cannot_resolve_the_spec_says_why_and_fails_its_row(db: str, tmp_path: Path) -> None:
+    """No shared file system: node 1 resolves the spec on its own host, where the uploaded
+    dataset's stored copy is not. It says so in an event and marks its row failed (node 0 then
+    ends the attempt, as for a failed node), instead of a crash with a traceback."""
+    with session_scope(db) as session:
+        stored = tmp_path / "elsewhere" / "train.jsonl"  # on node 0's host only
+        session.add(
+            File(
+                id="file-1",
+                project_id="proj-1",
+                filename="train.jsonl",
+                format="jsonl",
+                bytes=1,
+                sha256="0" * 64,
+                storage_path=str(stored),
+            )
+        )
+        hub_model = {"model_id": "org/tiny-llama"}  # a hub id is not resolved on the host
+        job = Job(project_id="proj-1", spec={**spec(2), "model": hub_model, "data": {"train_file": "file-1"}})
+        session.add(job)
+    job_id = lead(db, "w0", "host-a")
+    assert join(db, "w1", "host-b") == (job_id, 1)
+    with session_scope(db) as session:
+        leader, member = gang.members(session, job_id, 1)
+        gang.update_member(session, leader.id, status=gang.LAUNCHING)
+        member_id = member.id
+    settings = Settings(database_url=db, data_dir=tmp_path / "host-b")
+    ended: list[NodeSupervisor] = []
+    node = NodeSupervisor(settings, job_id, 1, member_id, 1, 2, [], 1, "twinkle_core.train", ended.append)
+    node.start()
+    node.thread.join(timeout=60)
+    assert ended == [node]
+    with session_scope(db) as session:
+        rows = gang.members(session, job_id, 1)
+        assert [(r.node_rank, r.status, r.exit_code) for r in rows][1] == (1, gang.FAILED, None)
+        said = session.scalars(select(JobEvent.message).where(JobEvent.job_id == job_id)).all()
+        assert gang.broken_member(rows, 2, 60) == (
+            "node 1 (host-b) failed before its torchrun ran (its event says why)"
+        )
+    assert (
+        "node 1 (host-b) cannot launch the job: data.train_file: the stored data of 'file-1' is missing "
+        "on this worker"
+    ) in said
+    assert not (settings.jobs_dir / job_id / "logs").exists()  # torchrun never started
 
 
 def test_torchrun_argv_of_a_node(tmp_path: Path) -> None:
