@@ -118,6 +118,6 @@ def download_file(file_id: FileId, session: SessionDep, principal: ReadPrincipal
     responses=error_responses(*AUTH_ERRORS, 404, 409),
 )
 def delete_file(file_id: FileId, session: SessionDep, principal: WritePrincipal) -> Deleted:
-    """Delete a file; refused while a queued or running job uses it."""
+    """Delete a file; refused while a queued, running or paused job uses it."""
     service.delete_file(session, principal, file_id)
     return Deleted(id=file_id, object="file")

@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from jobcore.db.models import File, new_id
-from jobcore.jobs.states import LIVE
+from jobcore.jobs.states import LIVE, JobStatus
 from jobcore.settings import Settings
 from server.auth.principal import Principal
 from server.common.pagination import split_page
@@ -175,10 +175,12 @@ def list_files(
 
 def delete_file(session: Session, principal: Principal, file_id: str) -> None:
     file = get_file(session, principal, file_id)
-    users = jobs_using_file(session, principal.project_id, file.id, [s.value for s in LIVE])
+    # A paused job reads its data again when it resumes: deleting the file would fail it then.
+    statuses = [s.value for s in (*LIVE, JobStatus.PAUSED)]
+    users = jobs_using_file(session, principal.project_id, file.id, statuses)
     if users:
         names = ", ".join(f"{j.id} ({j.status})" for j in users[:5])
-        raise Conflict(f"the file is used by live jobs: {names}", code="file_in_use")
+        raise Conflict(f"the file is used by jobs that will still read it: {names}", code="file_in_use")
     stored = Path(file.storage_path)
     session.delete(file)
     session.flush()

@@ -109,6 +109,11 @@ def test_delete_is_refused_while_a_live_job_uses_the_file(api: Api) -> None:
     refused = api.client.delete(f"/v1/files/{file_id}", headers=api.admin)
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "file_in_use"
     assert job["id"] in refused.json()["error"]["message"]
+    # Paused, it reads the file again when it resumes.
+    paused = api.client.post(f"/v1/jobs/{job['id']}/pause", headers=api.admin).json()
+    assert paused["status"] == "paused"
+    refused = api.client.delete(f"/v1/files/{file_id}", headers=api.admin)
+    assert refused.status_code == 409 and f"{job['id']} (paused)" in refused.json()["error"]["message"]
     api.client.post(f"/v1/jobs/{job['id']}/cancel", headers=api.admin)
     stored = Path(api.settings.files_dir)
     assert api.client.delete(f"/v1/files/{file_id}", headers=api.admin).json()["deleted"] is True
