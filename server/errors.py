@@ -13,7 +13,7 @@ The routes shaped after OpenAI's API (fine-tuning jobs, models, generation) refu
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,7 +24,7 @@ from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jobcore.jobs.states import InvalidTransition
-from twinkle_core.spec_hints import unknown_field_message
+from twinkle_core.spec_hints import located_error, unknown_field_message
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +142,15 @@ def _with_request_id(request: Request, response: JSONResponse) -> JSONResponse:
     return response
 
 
+# How pydantic names a union's plain members in an error's location (no field is called so).
+UNION_MEMBER_TAGS = frozenset({"int", "float", "str", "bool", "none", "bytes", "list", "dict"})
+
+
 def param_from_loc(loc: Sequence[Any]) -> str | None:
     """`("body", "spec", "model", "mixed_precision")` -> `spec.model.mixed_precision`.
 
-    Pydantic adds the member name of a union (`list[str]`, `literal['all-linear']`) and the
-    kind of a function validator to the location; they are not fields, so they are dropped.
+    Pydantic adds the member name of a union (`int`, `list[str]`, `literal['all-linear']`) and
+    the kind of a function validator to the location; they are not fields, so they are dropped.
     """
     parts = list(loc)
     if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
@@ -156,20 +160,27 @@ def param_from_loc(loc: Sequence[Any]) -> str | None:
         text = str(part)
         if any(ch in text for ch in "[]('") or text.startswith(("function-", "literal")):
             continue
+        if text in UNION_MEMBER_TAGS:
+            continue
         cleaned.append(text)
     return ".".join(cleaned) or None
 
 
-def _validation_message(error: dict[str, Any], param: str | None) -> str:
+def validation_error_of(error: Mapping[str, Any]) -> tuple[str | None, str]:
+    """One validation error's `(param, message)`."""
+    if error.get("type") == "json_invalid":
+        return None, "the request body is not valid JSON"
+    param = param_from_loc(error.get("loc", ()))
     if error.get("type") == "extra_forbidden":
         if param and param.startswith("spec."):  # a job's spec: name the field that was meant
-            return unknown_field_message(param.split(".")[1:])
-        return f"unknown field '{param}'"
-    if error.get("type") == "json_invalid":
-        return "the request body is not valid JSON"
-    message = str(error.get("msg", "invalid value"))
-    message = message.removeprefix("Value error, ")
-    return f"{param}: {message}" if param else message
+            return param, unknown_field_message(param.split(".")[1:])
+        return param, f"unknown field '{param}'"
+    message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+    if param is not None and param.split(".")[0] == "spec":
+        # A check across a spec's fields names its field first (spec_hints.located_error).
+        field, message = located_error(param.split(".")[1:], message)
+        return ("spec." + field, "spec." + message) if field else ("spec", f"spec: {message}")
+    return param, f"{param}: {message}" if param else message
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
@@ -189,11 +200,10 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     # Unknown keys first: a typo is the most useful thing to name.
     errors.sort(key=lambda e: e.get("type") != "extra_forbidden")
     first = errors[0] if errors else {}
-    param = None if first.get("type") == "json_invalid" else param_from_loc(first.get("loc", ()))
+    param, message = validation_error_of(first)
     code = "unknown_field" if first.get("type") == "extra_forbidden" else "invalid_value"
-    message = _validation_message(first, param)
     # The others too (a few), so one round trip names every field to fix; `param` is the first's.
-    others = [_validation_message(e, param_from_loc(e.get("loc", ()))) for e in errors[1:LISTED_ERRORS]]
+    others = [validation_error_of(e)[1] for e in errors[1:LISTED_ERRORS]]
     if others:
         message += "; also " + "; ".join(others)
     if len(errors) > LISTED_ERRORS:

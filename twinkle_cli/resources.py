@@ -205,20 +205,17 @@ JOB_FILE = click.option(
 @SPEC_OVERRIDES
 @OUTPUT
 def jobs_validate(path: Path, overrides: tuple[str, ...], output: str) -> None:
-    """Check a spec file locally without submitting it; prints the resolved spec."""
-    from twinkle_core.spec import JobSpec
-    from twinkle_core.spec_hints import unknown_field_message
+    """Check a job file locally without submitting it (the job body as the API checks it, the
+    database and file checks aside); prints the resolved spec."""
+    from server.errors import validation_error_of
+    from server.jobs.schemas import JobCreate
 
     body = load_job_file(path, overrides)
     try:
-        spec = JobSpec.model_validate(body["spec"])
+        spec = JobCreate.model_validate(body).spec
     except ValidationError as exc:
         for err in exc.errors():
-            if err["type"] == "extra_forbidden":
-                click.echo(unknown_field_message(err["loc"]), err=True)
-                continue
-            loc = ".".join(str(p) for p in err["loc"]) or "spec"
-            click.echo(f"spec.{loc}: {err['msg']}", err=True)
+            click.echo(validation_error_of(err)[1], err=True)
         sys.exit(1)
     _emit(
         spec.model_dump(mode="json"),

@@ -7,10 +7,15 @@ more useful when it names the key that was meant: a near spelling in the same se
 Face's `TrainingArguments`, PEFT's `LoraConfig` or LLaMA-Factory's YAML (`learning_rate`,
 `num_train_epochs`, `lora_rank`, ...). The API's 422, `clone`'s and `twinkle-jobs jobs validate`
 all say it the same way, from here.
+
+And where a check across fields points: pydantic locates such an error where its validator runs
+(the spec, or a section), while the message starts with the field it is about; `located_error`
+gives that field instead, for the API's `param` and for `jobs validate`.
 """
 
 from __future__ import annotations
 
+import re
 import types
 from collections.abc import Sequence
 from difflib import get_close_matches
@@ -105,3 +110,18 @@ def unknown_field_message(path: Sequence[str | int]) -> str:
     message = f"unknown field '{'.'.join(['spec', *(str(p) for p in path)])}'"
     meant = meant_instead(path)
     return f"{message} (did you mean '{meant}'?)" if meant else message
+
+
+# A dotted field path at the start of a message: `model.device_mesh: ...`, `training.batch_size (8) ...`.
+_LEADING_FIELD = re.compile(r"[a-z_]+(?:\.[a-z_]+)+(?=[ :(]|$)")
+
+
+def located_error(loc: Sequence[str | int], message: str) -> tuple[str, str]:
+    """A spec validation error as `(field, message)`, both relative to the spec: the field that
+    the message starts with when it lies under `loc` (a check across fields, located at its
+    validator's level), else `loc`; the message begins with that field's name."""
+    path = ".".join(str(part) for part in loc)
+    found = _LEADING_FIELD.match(message)
+    if found and (not path or found.group(0).startswith(f"{path}.")):
+        return found.group(0), message
+    return path, f"{path}: {message}" if path else message

@@ -37,7 +37,7 @@ from jobcore.trained_base import jobs_training_from
 from server.auth.service import Principal
 from server.common.pagination import split_page
 from server.deps import after_commit
-from server.errors import Conflict, InvalidRequest, NotFound, RateLimited
+from server.errors import Conflict, InvalidRequest, NotFound, RateLimited, validation_error_of
 from server.inference import plans
 from server.jobs import repository
 from server.jobs.present import present_jobs as present_jobs  # re-exported: the actions' view
@@ -45,7 +45,6 @@ from server.jobs.present import present_rows
 from server.jobs.references import check_spec
 from server.jobs.schemas import JobClone, JobCreate
 from twinkle_core.spec import JobSpec, merge_spec
-from twinkle_core.spec_hints import unknown_field_message
 
 Dispatch = Callable[[str], None]
 S = JobStatus
@@ -277,11 +276,8 @@ def clone_job(
         spec = JobSpec.model_validate(merged)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = ".".join(["spec", *(str(p) for p in first["loc"])])
-        message = str(first["msg"]).removeprefix("Value error, ")
-        if first["type"] == "extra_forbidden":
-            raise InvalidRequest(unknown_field_message(first["loc"]), param=param) from exc
-        raise InvalidRequest(f"{param}: {message}", param=param) from exc
+        param, message = validation_error_of({**first, "loc": ("spec", *first["loc"])})
+        raise InvalidRequest(message, param=param) from exc
     check_spec(spec, session, principal.project_id, settings)
     _check_queue_limit(session, principal.project_id)
 

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from jobcore import model_names as names
 from jobcore.db.models import Checkpoint, Job
-from server.errors import InvalidRequest, param_from_loc
+from server.errors import InvalidRequest, param_from_loc, validation_error_of
 from server.jobs.schemas import JobCreate, JobEventOut, JobOut
 from server.openai_compat.schemas import (
     CheckpointMetrics,
@@ -146,14 +146,15 @@ def to_job_create(body: FineTuningJobCreate, training_rows: int | None = None) -
         return JobCreate.model_validate({"name": body.suffix, "spec": spec, "metadata": body.metadata or {}})
     except ValidationError as exc:
         first = exc.errors()[0]
+        if first["type"] != "extra_forbidden":
+            native, message = validation_error_of(first)
+            raise in_openai_terms(InvalidRequest(message, param=native)) from exc
         param = openai_param(param_from_loc(first["loc"]) or "")
-        message = str(first["msg"]).removeprefix("Value error, ")
-        if first["type"] == "extra_forbidden":
-            message = "unknown field"
-            in_spec = first["loc"][:1] == ("spec",)  # named where the user wrote it: twinkle_spec
-            meant = meant_instead(first["loc"][1:], root="twinkle_spec") if in_spec else None
-            if meant is not None:
-                message += f" (did you mean '{meant}'?)"
+        message = "unknown field"
+        in_spec = first["loc"][:1] == ("spec",)  # named where the user wrote it: twinkle_spec
+        meant = meant_instead(first["loc"][1:], root="twinkle_spec") if in_spec else None
+        if meant is not None:
+            message += f" (did you mean '{meant}'?)"
         raise InvalidRequest(f"{param}: {message}", param=param) from exc
 
 

@@ -121,6 +121,16 @@ def test_auto_batch_size_fits_a_small_file_and_a_given_one_must(oa: openai.OpenA
     )
 
 
+def test_a_union_fields_error_names_the_field_not_pydantics_member(oa: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as exc:
+        oa.fine_tuning.jobs.create(
+            model="org/tiny-llama", training_file=_upload(oa), hyperparameters={"n_epochs": "lots"}
+        )
+    error = exc.value.body
+    assert error["param"] == "hyperparameters.n_epochs"  # type: ignore[index]
+    assert ".int" not in error["message"] and "literal" not in error["message"]  # type: ignore[index]
+
+
 def test_twinkle_spec_rides_along_and_errors_name_openai_fields(oa: openai.OpenAI) -> None:
     file_id = _upload(oa, rows=16)
     job = oa.fine_tuning.jobs.create(

@@ -55,6 +55,28 @@ def test_an_override_is_validated_like_the_file(spec_file: Path) -> None:
     assert code == 0 and json.loads(out)["training"]["max_steps"] == 7
 
 
+def test_validate_checks_the_whole_job_body_and_names_the_field_of_a_cross_check(
+    tmp_path: Path, spec_file: Path
+) -> None:
+    body = yaml.safe_load(spec_file.read_text())
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**body, "priority": "high", "max_retries": -3, "metadata": [1]}))
+    code, out = validate(bad)
+    assert code == 1  # as the API would refuse it, not "valid"
+    assert "priority: Input should be a valid integer" in out
+    assert "max_retries: Input should be greater than or equal to 0" in out
+    assert "metadata: Input should be a valid dictionary" in out
+    code, out = validate(
+        spec_file,
+        "model.strategy=native_fsdp",
+        "model.device_mesh={fsdp_size: 3}",
+        "resources.nproc_per_node=2",
+    )
+    assert code == 1
+    assert "spec.model.device_mesh: dp_size (-1) x fsdp_size (3) must equal" in out
+    assert "spec.spec" not in out
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
