@@ -49,9 +49,13 @@ def demo_spec(model_dir: Path, dataset: Path, steps: int, nproc: int) -> dict[st
     }
 
 
-def _hint(resp: httpx.Response, own_stack: bool) -> str:
+# The fields that name the demo's files: refused, the server given with --url cannot read them.
+DEMO_PATH_PARAMS = ("spec.model.model_id", "spec.data.train_file")
+
+
+def _hint(error: APIError, own_stack: bool) -> str:
     """What to do when another server cannot read the demo's files: they are in this machine's data dir."""
-    if own_stack or resp.status_code not in (400, 422):
+    if own_stack or error.param not in DEMO_PATH_PARAMS:
         return ""
     return (
         "\nThe demo's model and data are written in this machine's data dir (TWINKLE_DATA_DIR); a server "
@@ -64,6 +68,15 @@ def run_demo(
 ) -> int:
     """The demo against the server at `url`; `own_stack` when the demo started that server (and
     stops it at the end), not a user's running one."""
+    try:
+        return _run_demo(url, token, settings, steps, nproc, timeout, own_stack=own_stack)
+    except httpx.TransportError as exc:
+        raise click.ClickException(f"cannot reach the server at {url}: {exc}") from exc
+
+
+def _run_demo(
+    url: str, token: str, settings: Settings, steps: int, nproc: int, timeout: float, *, own_stack: bool
+) -> int:
     model_dir, dataset = prepare_assets(settings)
     # Printed so that a second job (from the dashboard's form or the CLI) can reuse them.
     click.echo(f"model:   {model_dir}\ndataset: {dataset}")
@@ -71,7 +84,8 @@ def run_demo(
     body = {"name": "demo", "spec": demo_spec(model_dir, dataset, steps, nproc)}
     resp = client.post("/v1/jobs", json=body)
     if resp.status_code != 201:
-        raise click.ClickException(f"submit failed: {APIError.from_response(resp)}{_hint(resp, own_stack)}")
+        error = APIError.from_response(resp)
+        raise click.ClickException(f"submit failed: {error}{_hint(error, own_stack)}")
     job = resp.json()
     click.echo(f"submitted {job['id']} (status {job['status']})")
     after: str | None = None
