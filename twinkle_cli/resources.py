@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -669,7 +669,8 @@ def jobs_artifacts(ctx: click.Context, job_id: str, name: str | None, dest: Path
             why = "trackers are chosen by spec.training.report_to"
             click.echo(f"{job_id} has no tracker output ({why})", err=True)
         return
-    path = client.jobs.download_artifact(job_id, name, dest or Path(f"{job_id}-{name}.tar.gz"))
+    target = _archive_path(dest, Path(f"{job_id}-{name}.tar.gz"))
+    path = _written(lambda: client.jobs.download_artifact(job_id, name, target), target)
     _emit(
         {"job_id": job_id, "name": name, "path": str(path), "bytes": path.stat().st_size}, output, [str(path)]
     )
@@ -762,6 +763,21 @@ def checkpoints_list(ctx: click.Context, job_id: str, output: str) -> None:
     _emit(items, output, lines)
 
 
+def _archive_path(dest: Path | None, default: Path) -> Path:
+    """Where a download goes: `--dest`, inside it under the default name when it is a folder."""
+    if dest is None:
+        return default
+    return dest / default.name if dest.is_dir() else dest
+
+
+def _written(download: Callable[[], Path], target: Path) -> Path:
+    """Run a download to `target`, saying in one line why the file could not be written."""
+    try:
+        return download()
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {target}: {exc.strerror or exc}") from exc
+
+
 @checkpoints.command("download")
 @click.argument("job_id")
 @click.argument("checkpoint_id")
@@ -773,8 +789,9 @@ def checkpoints_download(
     ctx: click.Context, job_id: str, checkpoint_id: str, dest: Path | None, output: str
 ) -> None:
     """Download a checkpoint as a tar archive; prints its path."""
-    dest = dest or Path(f"{checkpoint_id}.tar")
-    path = _client(ctx).checkpoints.download(job_id, checkpoint_id, dest)
+    client = _client(ctx)
+    target = _archive_path(dest, Path(f"{checkpoint_id}.tar"))
+    path = _written(lambda: client.checkpoints.download(job_id, checkpoint_id, target), target)
     info = {"job_id": job_id, "checkpoint_id": checkpoint_id, "path": str(path), "bytes": path.stat().st_size}
     _emit(info, output, [str(path)])
 

@@ -131,18 +131,25 @@ class TwinkleClient:
             raise APIError.from_response(response)
 
     def download(self, path: str, dest: str | Path) -> Path:
-        """Stream a GET of `path` into the file `dest`, through `dest.part` so a broken download
-        never leaves a file that looks complete; returns `dest`."""
+        """Stream a GET of `path` into the file `dest` (its folder made if missing), through
+        `dest.part` so a broken download never leaves a file that looks complete, nor a part of
+        one; returns `dest`."""
         dest = Path(dest)
+        if dest.is_dir():
+            raise IsADirectoryError(f"{dest} is a folder; name the file to write")
+        dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(dest.name + ".part")
         response = self.request("GET", path, stream=True)
         try:
             with tmp.open("wb") as fh:
                 for chunk in response.iter_bytes():
                     fh.write(chunk)
+            tmp.replace(dest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         finally:
             response.close()
-        tmp.replace(dest)
         return dest
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:

@@ -130,3 +130,17 @@ def test_cli_lists_and_downloads_through_the_client(
     )
     missing = runner.invoke(cli, ["jobs", "artifacts", job_id, "--download", "mlflow"])
     assert missing.exit_code != 0 and "no mlflow output" in missing.output
+
+    # --dest: a folder takes the default name; a missing folder is made; an unwritable place is
+    # said in one line and leaves no part file behind.
+    args = ["jobs", "artifacts", job_id, "--download", "tensorboard", "--dest"]
+    into = runner.invoke(cli, [*args, str(tmp_path)], catch_exceptions=False)
+    assert into.exit_code == 0 and into.output.strip() == str(tmp_path / f"{job_id}-tensorboard.tar.gz")
+    nested = tmp_path / "new" / "deeper" / "b.tar.gz"
+    made = runner.invoke(cli, [*args, str(nested)], catch_exceptions=False)
+    assert made.exit_code == 0 and nested.stat().st_size > 0
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    refused = runner.invoke(cli, [*args, str(blocker / "b.tar.gz")])
+    assert refused.exit_code == 1 and f"cannot write {blocker / 'b.tar.gz'}" in refused.output
+    assert "Traceback" not in refused.output and not list(tmp_path.rglob("*.part"))

@@ -204,3 +204,19 @@ def test_service_probes() -> None:
     assert client.ready()["checks"] == {"database": "refused"}
     assert sum(1 for r in calls if r.url.path == "/readyz") == 1
     assert "twinkle_queue_depth 3" in client.prometheus_metrics()
+
+
+def test_a_download_cut_off_leaves_neither_the_file_nor_a_part(tmp_path: Path) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        def body():  # type: ignore[no-untyped-def]
+            yield b"x" * 1024
+            raise httpx.ReadError("connection reset by peer", request=request)
+
+        return httpx.Response(200, content=body())
+
+    dest = tmp_path / "ckpt.tar"
+    with pytest.raises(httpx.ReadError):
+        make_client(handler).checkpoints.download("job-1", "ckpt-1", dest)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(IsADirectoryError):  # a folder is not overwritten by a file
+        make_client(handler).checkpoints.download("job-1", "ckpt-1", tmp_path)
