@@ -255,15 +255,20 @@ def jobs_submit(
     upload_local_datasets(client, body["spec"])
     job = client.jobs.create(**body)
     if not (wait or follow):
-        # stdout holds the id alone, for JOB=$(twinkle-jobs jobs submit ...); the rest is for a person.
-        _emit(job, output, [job["id"]])
-        if output == "text":
-            hint = f"twinkle-jobs jobs wait {job['id']} --follow"
-            click.echo(f"{job['status']}; wait for it with: {hint}", err=True)
+        _emit_new_job(job, output)
         return
     if output == "text":
         click.echo(f"submitted {job['id']}")
     _watch_to_the_end(client, job, follow, timeout, output)
+
+
+def _emit_new_job(job: dict[str, Any], output: str) -> None:
+    """A job just made (submit, clone): stdout holds its id alone, for JOB=$(twinkle-jobs ...);
+    the rest is for a person, on stderr."""
+    _emit(job, output, [job["id"]])
+    if output == "text":
+        hint = f"twinkle-jobs jobs wait {job['id']} --follow"
+        click.echo(f"{job['status']}; wait for it with: {hint}", err=True)
 
 
 @jobs.command("wait")
@@ -528,9 +533,8 @@ def jobs_resume(ctx: click.Context, job_id: str, checkpoint: str | None, output:
 def jobs_clone(
     ctx: click.Context, job_id: str, overrides: tuple[str, ...], name: str | None, output: str
 ) -> None:
-    """Submit a copy of a job, with spec overrides merged in."""
-    job = _client(ctx).jobs.clone(job_id, parse_overrides(overrides), name)
-    _emit(job, output, [f"{job['id']} {job['status']}"])
+    """Submit a copy of a job, with spec overrides merged in; prints the new job's id."""
+    _emit_new_job(_client(ctx).jobs.clone(job_id, parse_overrides(overrides), name), output)
 
 
 def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:

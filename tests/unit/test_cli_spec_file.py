@@ -120,6 +120,15 @@ def test_submit_prints_the_job_id_alone_on_stdout(
     assert job_id.startswith("job-") and "\n" not in job_id
     assert api.client.get(f"/v1/jobs/{job_id}", headers=api.admin).json()["status"] == "queued"
     assert f"queued; wait for it with: twinkle-jobs jobs wait {job_id} --follow" in result.stderr
+    # A clone is a new job too: CLONE=$(twinkle-jobs jobs clone ...) holds its id.
+    cloned = runner.invoke(
+        cli, ["jobs", "clone", job_id, "--set", "training.max_steps=5"], catch_exceptions=False
+    )
+    assert cloned.exit_code == 0, cloned.output
+    clone_id = cloned.stdout.strip()
+    assert clone_id.startswith("job-") and clone_id != job_id and "\n" not in clone_id
+    assert api.client.get(f"/v1/jobs/{clone_id}", headers=api.admin).json()["name"] == "demo"
+    assert f"queued; wait for it with: twinkle-jobs jobs wait {clone_id} --follow" in cloned.stderr
 
 
 def test_version() -> None:
