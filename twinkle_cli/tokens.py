@@ -89,9 +89,15 @@ def expiry(expires_in: str | None, expires_at: datetime | None) -> datetime | No
         if match is None:
             raise click.BadParameter("a number and a unit: 90s, 30m, 12h, 30d", param_hint="--expires-in")
         return datetime.now(UTC) + timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
-    if expires_at is not None and expires_at.tzinfo is None:
-        return expires_at.replace(tzinfo=UTC)
-    return expires_at
+    if expires_at is None:
+        return None
+    ends = expires_at if expires_at.tzinfo is not None else expires_at.replace(tzinfo=UTC)
+    if ends <= datetime.now(UTC):
+        shown = ends.strftime("%Y-%m-%d %H:%M UTC")
+        raise click.BadParameter(
+            f"{shown} is in the past; a token's end must be ahead", param_hint="--expires-at"
+        )
+    return ends
 
 
 def _database_url() -> str:

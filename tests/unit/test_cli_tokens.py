@@ -158,6 +158,8 @@ def test_live_only_leaves_out_expired_tokens_and_the_table_shows_expiry(
         admin_cli, "create", "--project", "team-x", "--name", "past", "--expires-at", "2099-01-01T00:00"
     )
     assert made.exit_code == 0, made.output  # a day and a time to the minute, as the help shows
+    gone = run(admin_cli, "create", "--project", "team-x", "--name", "old", "--expires-at", "2020-01-01")
+    assert gone.exit_code == 2 and "2020-01-01 00:00 UTC is in the past" in gone.output
     past = create(admin_cli, "team-x", "past-its-time")
     with api.session() as session, session.begin():  # its expiry has passed since
         session.get(ApiToken, past["id"]).expires_at = datetime(2020, 1, 1, tzinfo=UTC)  # type: ignore[union-attr]
