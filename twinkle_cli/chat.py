@@ -49,8 +49,9 @@ def exit_code_of(exc: APIError) -> int:
 
 
 @contextmanager
-def api_errors() -> Iterator[None]:
-    """APIError and connection failures as `ChatFailed` with the matching exit code."""
+def api_errors(url: str) -> Iterator[None]:
+    """APIError and connection failures (to the server at `url`) as `ChatFailed` with the
+    matching exit code."""
     try:
         yield
     except APIError as exc:
@@ -58,21 +59,29 @@ def api_errors() -> Iterator[None]:
     except StreamError as exc:
         raise ChatFailed(f"the answer broke off: {exc}", EXIT_ERROR) from exc
     except (httpx.TransportError, ConnectionError) as exc:
-        raise ChatFailed(f"cannot reach the server: {exc}", EXIT_UNAVAILABLE) from exc
+        raise ChatFailed(f"cannot reach the server at {url}: {exc}", EXIT_UNAVAILABLE) from exc
 
 
 def resolve_model(client: TwinkleClient, job_id: str, step: int | None) -> str:
     if step is not None:
         return checkpoint_model(job_id, step)  # the server says 404 if it is not a complete one
-    model = client.inference.job_model(job_id)
-    if model is None:
+    job = client.jobs.get(job_id)
+    model = job.get("fine_tuned_model")
+    if not model:
         steps = [str(c["step"]) for c in client.checkpoints.list(job_id)]
-        hint = f"its checkpoints: {', '.join(steps)}" if steps else "it has no checkpoint yet"
-        raise ChatFailed(
-            f"job {job_id} has no final model until it succeeds; pass --checkpoint STEP ({hint})",
-            EXIT_NOT_FOUND,
-        )
-    return model
+        ended = bool(job.get("terminal"))  # failed or cancelled: no final model will come
+        if steps:
+            hint = f"; pass --checkpoint STEP (its checkpoints: {', '.join(steps)})"
+        else:
+            hint = " and no checkpoint" if ended else "; pass --checkpoint STEP once it has a checkpoint"
+        if not ended:
+            why = "until it succeeds"
+        elif job["status"] == "succeeded":
+            why = "any more: its final checkpoint is gone"
+        else:
+            why = f"(it {job['status']})"
+        raise ChatFailed(f"job {job_id} has no final model {why}{hint}", EXIT_NOT_FOUND)
+    return str(model)
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,8 @@ def chat(
     context; 4 no such job or checkpoint (or the job has not succeeded: use --checkpoint);
     5 inference unavailable (no serving host, the model still loading, server unreachable).
     """
+    if prompt is not None and not prompt.strip():
+        raise click.UsageError("the prompt (-p) is empty")
     if prompt is None and is_interactive():
         if output == "json":
             raise click.UsageError("-o json needs a one-shot prompt (-p, or the prompt on stdin)")
@@ -129,7 +140,7 @@ def chat(
             raise click.UsageError("no prompt: give -p PROMPT, or the prompt on stdin")
     settings = Sampling(max_tokens, temperature)
     try:
-        with TwinkleClient(url, token) as client, api_errors():
+        with TwinkleClient(url, token) as client, api_errors(url):
             model = resolve_model(client, job_id, step)
             history = [{"role": "system", "content": system}] if system else []
             if prompt is None:

@@ -30,8 +30,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 TOKEN = "tw-standin"
 JOB = "job-standin1"
 RUNNING_JOB = "job-standin2"
+FAILED_JOB = "job-standin3"  # failed before its first checkpoint
 FINE_TUNED = f"ft:tiny-llama:{JOB}"
-CHECKPOINTS = {JOB: [2, 4], RUNNING_JOB: [2]}
+CHECKPOINTS: dict[str, list[int]] = {JOB: [2, 4], RUNNING_JOB: [2], FAILED_JOB: []}
+STATUSES = {JOB: "succeeded", RUNNING_JOB: "running", FAILED_JOB: "failed"}
 BUSY = f"{JOB}:ckpt-2"  # a model that is "still loading": 503 with Retry-After
 CONTEXT = 64  # words
 TOKEN_DELAY = 0.02
@@ -101,12 +103,13 @@ def make_app(state: State) -> FastAPI:
     async def job(job_id: str) -> Any:
         if job_id not in CHECKPOINTS:
             return _error(404, f"job {job_id} not found", "job_id", "not_found")
-        done = job_id == JOB
+        status = STATUSES[job_id]
         return {
             "id": job_id,
             "object": "job",
-            "status": "succeeded" if done else "running",
-            "fine_tuned_model": FINE_TUNED if done else None,
+            "status": status,
+            "terminal": status != "running",
+            "fine_tuned_model": FINE_TUNED if status == "succeeded" else None,
         }
 
     @app.get("/v1/jobs/{job_id}/checkpoints")

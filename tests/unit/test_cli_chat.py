@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from click.testing import CliRunner, Result
-from openai_standin import FINE_TUNED, JOB, RUNNING_JOB, TOKEN, Standin, serve_standin
+from openai_standin import FAILED_JOB, FINE_TUNED, JOB, RUNNING_JOB, TOKEN, Standin, serve_standin
 
 from twinkle_cli import chat as chat_module
 from twinkle_cli.chat import EXIT_NOT_FOUND, EXIT_UNAVAILABLE, EXIT_USAGE
@@ -86,6 +86,12 @@ def test_the_prompt_can_come_on_stdin(run: Invoke) -> None:
         (["job-nope", "-p", "hi"], EXIT_NOT_FOUND, "not found"),
         ([JOB, "--checkpoint", "3", "-p", "hi"], EXIT_NOT_FOUND, "does not exist"),
         ([RUNNING_JOB, "-p", "hi"], EXIT_NOT_FOUND, "pass --checkpoint STEP (its checkpoints: 2)"),
+        (
+            [FAILED_JOB, "-p", "hi"],
+            EXIT_NOT_FOUND,
+            "has no final model (it failed) and no checkpoint",
+        ),
+        ([JOB, "-p", "  "], EXIT_USAGE, "the prompt (-p) is empty"),
         ([JOB, "--checkpoint", "2", "-p", "hi"], EXIT_UNAVAILABLE, "loading"),
         ([JOB, "-p", "hi", "--max-tokens", "100"], EXIT_USAGE, "param: messages"),
         ([JOB, "-p", "hi", "--temperature", "9"], EXIT_USAGE, "--temperature"),
@@ -103,7 +109,7 @@ def test_an_unreachable_server_is_unavailable(monkeypatch: pytest.MonkeyPatch) -
     env = {"TWINKLE_URL": "http://127.0.0.1:9", "TWINKLE_TOKEN": TOKEN}
     result = CliRunner().invoke(cli, ["chat", JOB, "-p", "hi"], env=env)
     assert result.exit_code == EXIT_UNAVAILABLE
-    assert "cannot reach the server" in result.output
+    assert "cannot reach the server at http://127.0.0.1:9" in result.output
 
 
 def test_interactive_keeps_the_conversation(run: Invoke, standin: Standin) -> None:
