@@ -36,6 +36,9 @@ SamplePrompt = Annotated[str, StringConstraints(min_length=1, max_length=2000)]
 
 # numpy's and torch's seeds are 32-bit: a larger one fails only when the run starts.
 MAX_SEED = 2**32 - 1
+# The most any step or count may be: the jobs table records steps in 32-bit integer columns, so a
+# larger max_steps would be accepted and fail only when the worker records its progress.
+MAX_COUNT = 2**31 - 1
 
 
 class _Section(BaseModel):
@@ -46,7 +49,7 @@ class DeviceMeshSpec(_Section):
     """Sizes of the device mesh; their product must equal the job's world size."""
 
     dp_size: int = Field(default=-1, description="Data-parallel replicas; -1 fills the rest of the world")
-    fsdp_size: int = Field(default=1, ge=1, description="Ranks each FSDP shard group spans")
+    fsdp_size: int = Field(default=1, ge=1, le=MAX_COUNT, description="Ranks each FSDP shard group spans")
 
     @model_validator(mode="after")
     def _check(self) -> DeviceMeshSpec:
@@ -102,7 +105,7 @@ class LoraSection(_Section):
     type: Literal["lora"] = "lora"
     adapter_name: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     r: int = Field(default=8, ge=1, le=1024)
-    lora_alpha: int = Field(default=16, ge=1)
+    lora_alpha: int = Field(default=16, ge=1, le=MAX_COUNT)
     lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
 
@@ -151,22 +154,28 @@ class DataSection(_Section):
 
 
 class TrainingSection(_Section):
-    max_steps: int | None = Field(default=None, ge=1, description="Optimizer steps; wins over num_epochs")
-    num_epochs: float = Field(default=1.0, gt=0)
-    batch_size: int = Field(
-        default=8, ge=1, description="Global micro-batch size, split over the data-parallel ranks"
+    max_steps: int | None = Field(
+        default=None, ge=1, le=MAX_COUNT, description="Optimizer steps; wins over num_epochs"
     )
-    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    num_epochs: float = Field(default=1.0, gt=0, le=10_000)
+    batch_size: int = Field(
+        default=8,
+        ge=1,
+        le=MAX_COUNT,
+        description="Global micro-batch size, split over the data-parallel ranks",
+    )
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=MAX_COUNT)
     seed: int = Field(default=42, ge=0, le=MAX_SEED)
-    log_every: int = Field(default=1, ge=1)
-    eval_every: int | None = Field(default=None, ge=1)
-    save_every: int | None = Field(default=None, ge=1)
-    save_total_limit: int | None = Field(default=3, ge=1)
+    log_every: int = Field(default=1, ge=1, le=MAX_COUNT)
+    eval_every: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    save_every: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    save_total_limit: int | None = Field(default=3, ge=1, le=MAX_COUNT)
     max_grad_norm: float | None = Field(default=1.0, gt=0)
-    early_stopping_patience: int | None = Field(default=None, ge=1)
+    early_stopping_patience: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     sample_every: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_COUNT,
         description="Every this many optimizer steps, generate greedily from sample_prompts with the "
         "current weights (a 'sample' event); null: off",
     )
@@ -216,7 +225,7 @@ class OptimizerSection(_Section):
 
 class SchedulerSection(_Section):
     name: Literal["constant", "linear", "cosine"] = "cosine"
-    warmup_steps: int = Field(default=0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_COUNT)
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
 
 

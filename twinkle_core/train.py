@@ -213,6 +213,13 @@ class JobRunner:
         self.total_steps = spec.training.max_steps or math.ceil(
             spec.training.num_epochs * self.steps_per_epoch
         )
+        from twinkle_core.spec import MAX_COUNT
+
+        if self.total_steps > MAX_COUNT:
+            raise UserError(
+                f"training.num_epochs ({spec.training.num_epochs}) x {self.steps_per_epoch} steps per epoch "
+                f"makes {self.total_steps} steps, more than {MAX_COUNT}"
+            )
         self._set_optimizer()
         model.set_gradient_accumulation_steps(accumulation)
 

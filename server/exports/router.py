@@ -12,12 +12,15 @@ from server.deps import ReadPrincipal, SessionDep, SettingsDep, WritePrincipal
 from server.errors import error_responses
 from server.exports import service
 from server.exports.schemas import ExportCreate, ExportList, ExportOut
+from twinkle_core.spec import MAX_COUNT
 
 router = APIRouter(tags=["exports"])
 
 JobId = Annotated[str, Path(max_length=64, description="A job id (job-...)")]
 ExportId = Annotated[str, Path(max_length=64, description="An export id (export-...)")]
-Step = Annotated[int, Path(ge=0, description="The optimizer step of a complete checkpoint of the job")]
+Step = Annotated[
+    int, Path(ge=0, le=MAX_COUNT, description="The optimizer step of a complete checkpoint of the job")
+]
 
 
 def get_export_dispatch(request: Request) -> service.ExportDispatch:

@@ -334,6 +334,18 @@ def test_an_uploaded_file_is_not_a_model(api: Api, field: str) -> None:
     assert accepted.status_code == 201, accepted.text
 
 
+def test_counts_past_what_the_jobs_table_records_are_refused_naming_the_field(api: Api) -> None:
+    for training in ({"max_steps": 2**31}, {"max_steps": 10**23}, {"save_every": 2**31}, {"num_epochs": 1e9}):
+        error = refused(api, with_spec(training=training))
+        (name,) = training
+        assert error["param"] == f"spec.training.{name}", error
+        assert "less than or equal to" in error["message"]
+    accepted = api.client.post(
+        "/v1/jobs", json=with_spec(training={"max_steps": 2**31 - 1}), headers=api.admin
+    )
+    assert accepted.status_code == 201, accepted.text
+
+
 def test_an_uploaded_file_too_small_for_one_step_is_refused_at_submit(api: Api) -> None:
     file_id = _upload(api)  # 8 rows
     error = refused(api, with_spec(data={"train_file": file_id}, training={"batch_size": 9}))
