@@ -35,6 +35,7 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 384) -> Any:
         vocab_size=vocab_size,
         special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,  # its bar printed empty lines into the demo's output when not on a terminal
     )
     tok.train_from_iterator(demo_sentences(2000) + ["Question: Answer:"] * 10, trainer=trainer)
     fast = PreTrainedTokenizerFast(

@@ -462,7 +462,10 @@ class Supervisor:
         if job.status == S.CANCELLING:
             finish(session, job, self.job_dir, S.CANCELLED, message="cancelled; every process stopped")
         elif result.outcome == Outcome.SUCCEEDED:
-            finish(session, job, self.job_dir, S.SUCCEEDED, message="succeeded", error=None)
+            # A pause asked for while the runner started (its signal handler not yet installed)
+            # can meet a short run's end: say so, as the answer to the pause was "pausing".
+            late = " (the training ended before the pause took effect)" if job.status == S.PAUSING else ""
+            finish(session, job, self.job_dir, S.SUCCEEDED, message=f"succeeded{late}", error=None)
         elif result.outcome == Outcome.PAUSED:
             resume = self.seen.last_checkpoint or self._resume_point(job)
             finish(session, job, self.job_dir, S.PAUSED, message=f"paused at {resume}", resume_from=resume)

@@ -88,6 +88,17 @@ def test_pause_checkpoints_and_resume_continues_from_it(env: WorkerEnv) -> None:
     assert resumed and resumed[-1].data["resume_from"].endswith(f"step-{paused_at}")
 
 
+def test_a_run_that_ends_before_its_pause_takes_effect_says_so(env: WorkerEnv) -> None:
+    env.start_worker()
+    job_id = env.submit(fake_spec(max_steps=6, nproc=1, save_every=None, step_seconds=0.3, ignore_pause=True))
+    env.wait_for(job_id, lambda j: j.status == "running" and j.step >= 1, what="step 1")
+    env.set_status(job_id, "pausing")
+    job = env.wait_status(job_id, "succeeded", "paused", "failed")
+    assert job.status == "succeeded", job.error
+    last = [e for e in env.events(job_id) if e.type == "status"][-1]
+    assert last.message == "succeeded (the training ended before the pause took effect)"
+
+
 def test_user_errors_and_timeouts_fail_once_without_retry(env: WorkerEnv) -> None:
     env.start_worker(concurrency=3)  # the three jobs run side by side
     user = env.submit(fake_spec(fail="user"), max_retries=3)
