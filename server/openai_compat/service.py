@@ -159,11 +159,11 @@ def to_job_create(body: FineTuningJobCreate, training_rows: int | None = None) -
 
 
 def auto_batch_size(world: int, rows: int | None, accumulation: Any) -> int:
-    """ "auto": JobSpec's default rounded up to a multiple of the ranks (the global batch splits
-    over them); for a smaller file, the largest multiple of the ranks with which its rows still
-    make one optimizer step (with the default it could not train at all, as with OpenAI's small
-    files "auto" adapts). Where not even one sample per rank fits, the default, which the job's
-    checks then refuse with the numbers."""
+    """The batch size "auto" means: JobSpec's default rounded up to a multiple of the ranks (the
+    global batch splits over them); for a smaller file, the largest multiple of the ranks with
+    which its rows still make one optimizer step (with the default it could not train at all;
+    OpenAI's "auto" adapts to small files too). Where not even one sample per rank fits, the
+    default, which the job's checks then refuse with the numbers."""
     batch = -(-AUTO_BATCH_SIZE // world) * world
     if rows is None:
         return batch
