@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -10,7 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_RUNNER = "twinkle_core.train"
+DEFAULT_TORCHRUN = "twinkle-torchrun"  # worker/torchrun_entry.py; jobcore.settings' default
 DEFAULT_JOIN_TIMEOUT_SECONDS = 300.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,14 +94,31 @@ class Rendezvous:
 
 
 def resolve_torchrun(configured: str) -> str:
-    """An absolute torchrun path: PATH first, then next to this interpreter (a venv not on PATH)."""
-    found = shutil.which(configured)
+    """An absolute torchrun path: PATH first, then next to this interpreter (a venv not on PATH).
+
+    The default, `twinkle-torchrun`, is an entry point of this package: an editable install made
+    before it existed has no such script until it is installed again, so torchrun itself is
+    used then (with a warning) rather than failing every job."""
+    found = _executable(configured)
+    if found is None and configured == DEFAULT_TORCHRUN:
+        found = _executable("torchrun")
+        if found is not None:
+            log.warning(
+                "%s is not installed (reinstall the package: pip install -e .); using %s",
+                DEFAULT_TORCHRUN,
+                found,
+            )
+    if found is None:
+        raise FileNotFoundError(f"torchrun executable '{configured}' not found (TWINKLE_TORCHRUN)")
+    return found
+
+
+def _executable(name: str) -> str | None:
+    found = shutil.which(name)
     if found:
         return found
-    sibling = Path(sys.executable).parent / configured
-    if sibling.exists():
-        return str(sibling)
-    raise FileNotFoundError(f"torchrun executable '{configured}' not found (TWINKLE_TORCHRUN)")
+    sibling = Path(sys.executable).parent / name
+    return str(sibling) if sibling.exists() else None
 
 
 def free_port() -> int:
